@@ -1,0 +1,47 @@
+# Vigil: `make test` and `make demo` set everything up themselves on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+# The test stack lives apart from a developer's `vigil up` stack.
+TEST_ENV := VIGIL_LOCAL_DATA_DIR=.vigil/test-stack VIGIL_LOCAL_KAFKA_PORT=29092 \
+            VIGIL_LOCAL_CONTROLLER_PORT=29093 VIGIL_LOCAL_REDIS_PORT=26379
+
+.PHONY: install test lint unit demo up down clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check contracts producers detectors streams alerting vigil tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# Starts the local Kafka + Redis unless VIGIL_KAFKA_BOOTSTRAP / VIGIL_REDIS_URL name
+# existing ones, runs lint and the whole suite, and stops what it started.
+test: $(STAMP)
+	$(MAKE) lint
+	$(TEST_ENV) $(BIN)/vigil up
+	set -o pipefail; rc=0; $(TEST_ENV) $(BIN)/pytest -q $(PYTEST_ARGS) || rc=$$?; \
+	  $(TEST_ENV) $(BIN)/vigil down; exit $$rc
+
+unit: $(STAMP)
+	$(BIN)/pytest -q -m 'not integration' $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/python -m vigil.demo
+
+up: $(STAMP)
+	$(BIN)/vigil up
+
+down: $(STAMP)
+	$(BIN)/vigil down
+
+clean:
+	rm -rf .vigil build *.egg-info

@@ -1,0 +1,8 @@
+"""Vigil's wire contract: message schemas, the metric catalog, topic names, config.
+
+Standard library only: every other package (including the light node agent)
+imports this one.
+"""
+
+SAMPLE_SCHEMA = "vigil.sample/1"
+DETECTION_SCHEMA = "vigil.detection/1"

@@ -1,0 +1,101 @@
+"""The metric catalog: the one table every stage reads.
+
+The sampler's reads, the schema's allowed names and bounds, the detectors'
+metric sets and Prometheus names all come from ``CATALOG``; no metric name is
+spelled anywhere else as a definition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Scope(str, Enum):
+    """Where a metric lives in a ``vigil.sample/1`` message."""
+
+    GPU = "gpu"
+    HOST = "host"
+    NIC = "nic"
+
+
+class Kind(str, Enum):
+    """How a metric behaves over time (drives sampling and validation)."""
+
+    RATIO = "ratio"  # 0..1 averaged over the interval
+    GAUGE = "gauge"  # instantaneous level
+    RATE = "rate"  # per-second throughput
+    COUNTER = "counter"  # cumulative, never negative
+    STATE = "state"  # discrete health state (link width, event code, bitmask)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One catalog row. ``high`` bounds absurd values; ``health`` marks metrics that
+    are published the moment they change instead of on the adaptive schedule."""
+
+    name: str
+    unit: str
+    scope: Scope
+    kind: Kind
+    description: str
+    high: float
+    health: bool = False
+
+    @property
+    def prometheus_name(self) -> str:
+        """The name under which Vigil's own exporters publish this metric."""
+        unit = {"ratio": "ratio", "W": "watts", "°C": "celsius", "MHz": "megahertz",
+                "bytes": "bytes", "bytes/s": "bytes_per_second", "Gb/s": "gigabits_per_second",
+                "ticks/s": "ticks_per_second"}.get(self.unit, "")
+        base = f"vigil_{self.scope.value}_{self.name}"
+        return f"{base}_{unit}" if unit and not base.endswith(unit) else base
+
+
+_G, _H, _N = Scope.GPU, Scope.HOST, Scope.NIC
+_TB = 1e13  # 10 TB/s: no link in service moves more than this
+_PB = 2.0**60  # absurd memory / counter ceiling
+
+CATALOG: tuple[Metric, ...] = (
+    Metric("sm_active", "ratio", _G, Kind.RATIO, "share of SMs with a warp resident", 1.0),
+    Metric("sm_occupancy", "ratio", _G, Kind.RATIO, "resident warps / max warps per SM", 1.0),
+    Metric("tensor_active", "ratio", _G, Kind.RATIO, "tensor-core pipe activity", 1.0),
+    Metric("fp16_active", "ratio", _G, Kind.RATIO, "FP16 pipe activity", 1.0),
+    Metric("fp32_active", "ratio", _G, Kind.RATIO, "FP32 pipe activity", 1.0),
+    Metric("fp64_active", "ratio", _G, Kind.RATIO, "FP64 pipe activity", 1.0),
+    Metric("dram_active", "ratio", _G, Kind.RATIO, "device memory bandwidth utilisation", 1.0),
+    Metric("gpu_util", "ratio", _G, Kind.RATIO, "NVML utilisation: a kernel was running", 1.0),
+    Metric("power", "W", _G, Kind.GAUGE, "board power draw", 5000.0),
+    Metric("temperature", "°C", _G, Kind.GAUGE, "GPU core temperature", 200.0),
+    Metric("sm_clock", "MHz", _G, Kind.GAUGE, "SM clock", 10000.0),
+    Metric("mem_clock", "MHz", _G, Kind.GAUGE, "memory clock", 20000.0),
+    Metric("mem_used", "bytes", _G, Kind.GAUGE, "device memory in use", _PB),
+    Metric("nvlink_tx", "bytes/s", _G, Kind.RATE, "NVLink bytes sent", _TB),
+    Metric("nvlink_rx", "bytes/s", _G, Kind.RATE, "NVLink bytes received", _TB),
+    Metric("pcie_tx", "bytes/s", _G, Kind.RATE, "PCIe bytes sent", _TB),
+    Metric("pcie_rx", "bytes/s", _G, Kind.RATE, "PCIe bytes received", _TB),
+    Metric("pcie_gen", "generation", _G, Kind.STATE, "current PCIe link generation", 16, True),
+    Metric("pcie_width", "lanes", _G, Kind.STATE, "current PCIe link width", 64, True),
+    Metric("ecc_sbe", "count", _G, Kind.COUNTER, "volatile single-bit ECC errors", _PB, True),
+    Metric("ecc_dbe", "count", _G, Kind.COUNTER, "volatile double-bit ECC errors", _PB, True),
+    Metric("xid", "code", _G, Kind.STATE, "XID error seen in the interval, 0 for none", 1e6, True),
+    Metric("throttle", "bitmask", _G, Kind.STATE, "NVML clocks-event reasons", 2.0**64, True),
+    Metric("cpu_util", "ratio", _H, Kind.RATIO, "host CPU utilisation", 1.0),
+    Metric("mem_used", "bytes", _H, Kind.GAUGE, "host memory in use", _PB),
+    Metric("ib_tx", "bytes/s", _N, Kind.RATE, "InfiniBand/RoCE bytes sent", _TB),
+    Metric("ib_rx", "bytes/s", _N, Kind.RATE, "InfiniBand/RoCE bytes received", _TB),
+    Metric("ib_rate", "Gb/s", _N, Kind.STATE, "current link rate", 10000.0, True),
+    Metric("ib_errors", "count", _N, Kind.COUNTER,
+           "symbol + receive errors + link-downed, cumulative", _PB, True),
+    Metric("ib_xmit_wait", "ticks/s", _N, Kind.RATE, "transmit back-pressure ticks", _TB),
+)
+
+
+def by_scope(scope: Scope) -> dict[str, Metric]:
+    """Catalog rows of one scope, keyed by metric name."""
+    return {m.name: m for m in CATALOG if m.scope is scope}
+
+
+GPU_METRICS = by_scope(Scope.GPU)
+HOST_METRICS = by_scope(Scope.HOST)
+NIC_METRICS = by_scope(Scope.NIC)

@@ -1,0 +1,175 @@
+"""Encode and decode the two wire messages, validating against CONTRACT.md.
+
+The validator is hand-written on the standard library (fast, and importable by
+the light node agent); ``contracts/schemas/*.json`` say the same thing in JSON
+Schema for outside consumers, and a test checks the two agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
+from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
+from contracts.errors import ContractError
+
+MAX_MESSAGE_BYTES = 1 << 20
+MAX_ID_CHARS = 256
+MAX_GPUS = 64
+MAX_NICS = 64
+DETECTION_KINDS = ("straggler", "network_bound", "hang", "gpu_health", "link_health",
+                   "node_silent")
+DETECTION_STATES = ("firing", "resolved")
+SEVERITIES = ("info", "warning", "critical")
+
+_SAMPLE_FIELDS = {"schema", "ts", "job", "node", "gpus", "host", "nics", "meta"}
+_DETECTION_FIELDS = {"schema", "id", "kind", "state", "severity", "job", "node", "gpu",
+                     "started_at", "detected_at", "metrics", "score", "summary", "evidence"}
+_RATIO_SLACK = 1e-6  # float rounding in averaged ratios
+
+
+def _reject_constant(token: str) -> float:
+    raise ContractError("non_finite", f"JSON constant {token} is not a number")
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """Parse one message; NaN/Infinity, oversize and broken JSON raise ContractError."""
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ContractError("too_large", f"{len(raw)} bytes > {MAX_MESSAGE_BYTES}")
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except ContractError:
+        raise
+    except RecursionError:
+        raise ContractError("invalid_json", "nesting too deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ContractError("invalid_json", str(exc)[:200]) from None
+
+
+def _number(value: Any, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ContractError("wrong_type", f"{path} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ContractError("non_finite", f"{path} is {value}")
+    return float(value)
+
+
+def _string(value: Any, path: str, *, empty_ok: bool) -> str:
+    if not isinstance(value, str):
+        raise ContractError("wrong_type", f"{path} must be a string")
+    if len(value) > MAX_ID_CHARS or (not empty_ok and not value):
+        raise ContractError("bad_value", f"{path} must be 1..{MAX_ID_CHARS} characters")
+    return value
+
+
+def _object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ContractError("wrong_type", f"{path} must be an object")
+    return value
+
+
+def _metrics(value: Any, path: str, catalog: dict[str, Metric]) -> None:
+    for name, reading in _object(value, path).items():
+        metric = catalog.get(name)
+        if metric is None:
+            raise ContractError("unknown_metric", f"{path}.{name} is not in the catalog")
+        number = _number(reading, f"{path}.{name}")
+        if number < 0 or number > metric.high + (_RATIO_SLACK if metric.unit == "ratio" else 0):
+            raise ContractError("out_of_range",
+                                f"{path}.{name}={number} outside 0..{metric.high:g} {metric.unit}")
+
+
+def _check_fields(message: dict[str, Any], allowed: set[str], required: set[str]) -> None:
+    extra = set(message) - allowed
+    if extra:
+        raise ContractError("unknown_field", f"unexpected field(s) {sorted(extra)}")
+    missing = required - set(message)
+    if missing:
+        raise ContractError("missing_field", f"missing field(s) {sorted(missing)}")
+
+
+def _check_schema(message: dict[str, Any], expected: str) -> None:
+    schema = message.get("schema")
+    if schema != expected:
+        raise ContractError("unknown_schema", f"schema {schema!r}, expected {expected!r}")
+
+
+def validate_sample(message: Any) -> dict[str, Any]:
+    """Check one decoded ``vigil.sample/1``; return it unchanged or raise ContractError."""
+    sample = _object(message, "sample")
+    _check_schema(sample, SAMPLE_SCHEMA)
+    _check_fields(sample, _SAMPLE_FIELDS, _SAMPLE_FIELDS - {"meta"})
+    if _number(sample["ts"], "ts") <= 0:
+        raise ContractError("out_of_range", "ts must be positive Unix seconds")
+    _string(sample["job"], "job", empty_ok=True)
+    _string(sample["node"], "node", empty_ok=False)
+    gpus = _object(sample["gpus"], "gpus")
+    if len(gpus) > MAX_GPUS:
+        raise ContractError("out_of_range", f"{len(gpus)} GPUs > {MAX_GPUS}")
+    for index, readings in gpus.items():
+        if not (index.isdigit() and index.isascii() and len(index) <= 3):
+            raise ContractError("bad_value", f"gpus key {index!r} must be a GPU index")
+        _metrics(readings, f"gpus.{index}", GPU_METRICS)
+    _metrics(sample["host"], "host", HOST_METRICS)
+    nics = _object(sample["nics"], "nics")
+    if len(nics) > MAX_NICS:
+        raise ContractError("out_of_range", f"{len(nics)} NICs > {MAX_NICS}")
+    for nic, readings in nics.items():
+        _string(nic, "nics key", empty_ok=False)
+        _metrics(readings, f"nics.{nic}", NIC_METRICS)
+    if "meta" in sample:
+        _object(sample["meta"], "meta")
+    return sample
+
+
+def validate_detection(message: Any) -> dict[str, Any]:
+    """Check one decoded ``vigil.detection/1``; return it unchanged or raise ContractError."""
+    det = _object(message, "detection")
+    _check_schema(det, DETECTION_SCHEMA)
+    _check_fields(det, _DETECTION_FIELDS, _DETECTION_FIELDS)
+    _string(det["id"], "id", empty_ok=False)
+    for field, allowed in (("kind", DETECTION_KINDS), ("state", DETECTION_STATES),
+                           ("severity", SEVERITIES)):
+        if det[field] not in allowed:
+            raise ContractError("bad_value", f"{field} {det[field]!r} not one of {allowed}")
+    _string(det["job"], "job", empty_ok=True)
+    for field in ("node", "gpu"):
+        if det[field] is not None:
+            _string(det[field], field, empty_ok=False)
+    _number(det["started_at"], "started_at")
+    _number(det["detected_at"], "detected_at")
+    _number(det["score"], "score")
+    metrics = det["metrics"]
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise ContractError("wrong_type", "metrics must be an array of strings")
+    if not isinstance(det["summary"], str):
+        raise ContractError("wrong_type", "summary must be a string")
+    _object(det["evidence"], "evidence")
+    return det
+
+
+def decode_sample(raw: bytes | str) -> dict[str, Any]:
+    """Bytes from Kafka or a trace line → a validated sample dict."""
+    return validate_sample(parse_json(raw))
+
+
+def decode_detection(raw: bytes | str) -> dict[str, Any]:
+    """Bytes from Kafka or a replay line → a validated detection dict."""
+    return validate_detection(parse_json(raw))
+
+
+def _dump(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), allow_nan=False,
+                      ensure_ascii=False).encode()
+
+
+def encode_sample(sample: dict[str, Any]) -> bytes:
+    """A sample dict → compact UTF-8 JSON, validated first so nothing bad is published."""
+    return _dump(validate_sample(sample))
+
+
+def encode_detection(detection: dict[str, Any]) -> bytes:
+    """A detection dict → compact UTF-8 JSON, validated first."""
+    return _dump(validate_detection(detection))

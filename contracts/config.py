@@ -1,0 +1,237 @@
+"""Configuration: one TOML file plus ``VIGIL_<SECTION>_<FIELD>`` overrides.
+
+This is the only module that reads the environment. Values are frozen
+dataclasses; secrets are ``Secret`` objects that print as ``***``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from contracts.errors import ConfigError
+
+
+class Secret:
+    """A string that never shows itself in repr, str or logs; ``reveal()`` to use it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The secret value, for handing to a client library."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def mask_url(url: str) -> str:
+    """``redis://user:pw@host`` → ``redis://user:***@host``: safe to print."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """How every Vigil process reaches Kafka. Empty bootstrap = the local stack's."""
+
+    bootstrap: str = ""
+    topic_prefix: str = ""
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = ""
+    sasl_username: str = ""
+    sasl_password: Secret | None = None
+    ssl_cafile: str = ""
+    samples_partitions: int = 8
+    detections_partitions: int = 4
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """Where live state goes. Empty url = the local stack's. Passwords belong in the
+    URL (``redis://user:pw@host:port/db``) or ``rediss://`` for TLS."""
+
+    url: Secret | None = None
+    key_prefix: str = "vigil"
+    history_max: int = 10000
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """The local stack `vigil up` starts when no external service is named."""
+
+    data_dir: str = ".vigil/stack"
+    kafka_port: int = 19092
+    controller_port: int = 19093
+    redis_port: int = 16379
+    kafka_heap_mb: int = 512
+    kafka_cache_dir: str = "~/.cache/vigil"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The Faust stream worker."""
+
+    app_id: str = "vigil-worker"
+    web_port: int = 6066
+    batch_size: int = 500
+    batch_seconds: float = 0.5
+    data_dir: str = ".vigil/worker"
+
+
+@dataclass(frozen=True)
+class DetectConfig:
+    """Event-time windowing and detector thresholds shared by worker and replay."""
+
+    bin_seconds: float = 5.0
+    window_seconds: float = 60.0
+    grace_seconds: float = 5.0
+    straggler_z: float = 4.0
+    straggler_bins: int = 4
+    straggler_of_bins: int = 6
+    fire_after: int = 2
+    resolve_after: int = 4
+    silent_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class AlerterConfig:
+    """The alerter: consumer group and Redis bookkeeping."""
+
+    group_id: str = "vigil-alerter"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything Vigil reads from its configuration, one section per stage."""
+
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    detect: DetectConfig = field(default_factory=DetectConfig)
+    alerter: AlerterConfig = field(default_factory=AlerterConfig)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The configured bootstrap servers, or the local stack's."""
+        return self.kafka.bootstrap or f"127.0.0.1:{self.local.kafka_port}"
+
+    @property
+    def redis_url(self) -> str:
+        """The configured Redis URL (with its secret), or the local stack's."""
+        if self.redis.url is not None:
+            return self.redis.url.reveal()
+        return f"redis://127.0.0.1:{self.local.redis_port}/0"
+
+    @property
+    def manages_kafka(self) -> bool:
+        """True when `vigil up` should start Kafka (no external broker named)."""
+        return not self.kafka.bootstrap
+
+    @property
+    def manages_redis(self) -> bool:
+        """True when `vigil up` should start Redis (no external server named)."""
+        return self.redis.url is None
+
+
+def _convert(raw: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(raw, inner[0], where)
+    try:
+        if hint is Secret:
+            return raw if isinstance(raw, Secret) else Secret(str(raw))
+        if hint is bool:
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(raw).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if hint is int:
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return int(raw)
+        if hint is float:
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: cannot read {raw!r} as {getattr(hint, '__name__', hint)}")
+
+
+def _section(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}")
+    return cls(**{k: _convert(v, hints[k], f"{where}.{k}") for k, v in values.items()})
+
+
+def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Read the TOML file (``path``, else ``$VIGIL_CONFIG``, else defaults), then apply
+    ``VIGIL_<SECTION>_<FIELD>`` variables, which win."""
+    env = os.environ if env is None else env
+    path = path or env.get("VIGIL_CONFIG") or None
+    data: dict[str, dict[str, Any]] = {}
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    hints = typing.get_type_hints(Config)
+    for key in data:
+        if key not in sections or not isinstance(data[key], dict):
+            raise ConfigError(f"config file: unknown section [{key}]")
+    for name, value in env.items():
+        if not name.startswith("VIGIL_") or name == "VIGIL_CONFIG":
+            continue
+        rest = name[len("VIGIL_"):].lower()
+        section = next((s for s in sections if rest.startswith(s + "_")), None)
+        if section is None:
+            raise ConfigError(f"environment: {name} names no config section")
+        data.setdefault(section, {})[rest[len(section) + 1:]] = value
+    return Config(**{s: _section(hints[s], data.get(s, {}), s) for s in sections})
+
+
+def describe(config: Config) -> str:
+    """The effective configuration as TOML-like text with every secret masked."""
+    lines: list[str] = []
+    for section in dataclasses.fields(config):
+        lines.append(f"[{section.name}]")
+        for f in dataclasses.fields(getattr(config, section.name)):
+            value = getattr(getattr(config, section.name), f.name)
+            if isinstance(value, Secret):
+                value = mask_url(value.reveal()) if "://" in value.reveal() else "***"
+            lines.append(f"{f.name} = {value!r}")
+        lines.append("")
+    return "\n".join(lines)

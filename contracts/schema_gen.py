@@ -1,0 +1,118 @@
+"""Build the JSON Schema documents of the contract from the catalog.
+
+``python -m contracts.schema_gen`` rewrites ``contracts/schemas/``; a test fails
+when the committed files differ from what the catalog produces.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
+from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
+from contracts.codec import (
+    DETECTION_KINDS,
+    DETECTION_STATES,
+    MAX_GPUS,
+    MAX_ID_CHARS,
+    MAX_NICS,
+    SEVERITIES,
+)
+
+SCHEMA_DIR = Path(__file__).parent / "schemas"
+_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def _metric_object(metrics: dict[str, Metric]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            name: {"type": "number", "minimum": 0, "maximum": m.high,
+                   "description": f"{m.description} ({m.unit})"}
+            for name, m in metrics.items()
+        },
+    }
+
+
+def _id(empty_ok: bool) -> dict[str, Any]:
+    return {"type": "string", "minLength": 0 if empty_ok else 1, "maxLength": MAX_ID_CHARS}
+
+
+def sample_schema() -> dict[str, Any]:
+    """JSON Schema of ``vigil.sample/1``."""
+    return {
+        "$schema": _DIALECT,
+        "$id": "vigil.sample/1",
+        "title": "One node's readings for one agent tick (key = job id)",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schema", "ts", "job", "node", "gpus", "host", "nics"],
+        "properties": {
+            "schema": {"const": SAMPLE_SCHEMA},
+            "ts": {"type": "number", "exclusiveMinimum": 0},
+            "job": _id(empty_ok=True),
+            "node": _id(empty_ok=False),
+            "gpus": {"type": "object", "maxProperties": MAX_GPUS,
+                     "propertyNames": {"pattern": "^[0-9]{1,3}$"},
+                     "additionalProperties": _metric_object(GPU_METRICS)},
+            "host": _metric_object(HOST_METRICS),
+            "nics": {"type": "object", "maxProperties": MAX_NICS,
+                     "propertyNames": {"minLength": 1, "maxLength": MAX_ID_CHARS},
+                     "additionalProperties": _metric_object(NIC_METRICS)},
+            "meta": {"type": "object"},
+        },
+    }
+
+
+def detection_schema() -> dict[str, Any]:
+    """JSON Schema of ``vigil.detection/1``."""
+    nullable_id = {"oneOf": [{"type": "null"}, _id(empty_ok=False)]}
+    return {
+        "$schema": _DIALECT,
+        "$id": "vigil.detection/1",
+        "title": "A detector's finding, firing or resolved (key = job id)",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schema", "id", "kind", "state", "severity", "job", "node", "gpu",
+                     "started_at", "detected_at", "metrics", "score", "summary", "evidence"],
+        "properties": {
+            "schema": {"const": DETECTION_SCHEMA},
+            "id": _id(empty_ok=False),
+            "kind": {"enum": list(DETECTION_KINDS)},
+            "state": {"enum": list(DETECTION_STATES)},
+            "severity": {"enum": list(SEVERITIES)},
+            "job": _id(empty_ok=True),
+            "node": nullable_id,
+            "gpu": nullable_id,
+            "started_at": {"type": "number"},
+            "detected_at": {"type": "number"},
+            "metrics": {"type": "array", "items": {"type": "string"}},
+            "score": {"type": "number"},
+            "summary": {"type": "string"},
+            "evidence": {"type": "object"},
+        },
+    }
+
+
+def rendered() -> dict[str, str]:
+    """File name → JSON text, as committed under ``contracts/schemas/``."""
+    docs = {"sample-1.json": sample_schema(), "detection-1.json": detection_schema()}
+    return {name: json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+            for name, doc in docs.items()}
+
+
+def main() -> int:
+    """Rewrite the schema files from the catalog."""
+    SCHEMA_DIR.mkdir(exist_ok=True)
+    for name, text in rendered().items():
+        (SCHEMA_DIR / name).write_text(text, encoding="utf-8")
+        print(f"wrote {SCHEMA_DIR / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Kafka topic names. A deployment may prefix them (``kafka.topic_prefix``)."""
+
+SAMPLES = "vigil.samples"
+DETECTIONS = "vigil.detections"
+DEADLETTER = "vigil.deadletter"
+ALERTS = "vigil.alerts"
+ACTIONS = "vigil.actions"
+
+
+def topic(name: str, prefix: str = "") -> str:
+    """The topic name as deployed: ``prefix + name``."""
+    return f"{prefix}{name}"

@@ -1,0 +1,125 @@
+"""The `vigil` command: one subcommand per stage, all sharing one configuration."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from contracts import config as config_mod
+from contracts.config import Config
+from contracts.errors import VigilError
+
+Handler = Callable[[Config, argparse.Namespace], int]
+
+
+def _up(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil import localstack
+    localstack.up(cfg)
+    return 0
+
+
+def _down(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil import localstack
+    localstack.down(cfg)
+    return 0
+
+
+def _status(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil import localstack
+    report = localstack.status(cfg)
+    for name, state in report.items():
+        print(f"{name:6} {state}")
+    return 0 if all(s.startswith(("up", "external")) for s in report.values()) else 1
+
+
+def _config(cfg: Config, args: argparse.Namespace) -> int:
+    print(config_mod.describe(cfg))
+    return 0
+
+
+def _simulate(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.commands import simulate
+    return simulate(cfg, args)
+
+
+def _replay(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.commands import replay
+    return replay(cfg, args)
+
+
+def _worker(cfg: Config, args: argparse.Namespace) -> int:
+    from streams.worker import run_worker
+    return run_worker(cfg)
+
+
+def _alerter(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.commands import alerter
+    return alerter(cfg, args)
+
+
+def _alerts(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.commands import alerts
+    return alerts(cfg, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand and its flags."""
+    parser = argparse.ArgumentParser(prog="vigil", description=__doc__)
+    parser.add_argument("--config", help="TOML config file (default: $VIGIL_CONFIG)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    add("up", _up, "start the local Kafka and Redis (unless external ones are configured)")
+    add("down", _down, "stop what `vigil up` started")
+    add("status", _status, "show the local stack's health")
+    add("config", _config, "print the effective configuration, secrets masked")
+
+    sim = add("simulate", _simulate, "publish a synthetic cluster's samples (or write a trace)")
+    sim.add_argument("--out", help="write JSON lines to this file ('-' = stdout) instead of Kafka")
+    sim.add_argument("--duration", type=float, default=240.0, help="simulated seconds")
+    sim.add_argument("--seed", type=int, default=7)
+    sim.add_argument("--jobs", type=int, default=2, help="number of jobs")
+    sim.add_argument("--nodes", type=int, default=4, help="nodes per job")
+    sim.add_argument("--start", type=float, default=None, help="first timestamp (default: now)")
+    sim.add_argument("--realtime", action="store_true", help="pace publishing at 1 tick/s")
+    sim.add_argument("--labels", help="write the ground-truth fault labels (JSON) here")
+
+    rep = add("replay", _replay, "run the detectors over a JSON-lines trace, in event time")
+    rep.add_argument("trace", help="trace file of vigil.sample/1 lines, '-' for stdin")
+    rep.add_argument("--out", default="-", help="detections output (default stdout)")
+
+    add("worker", _worker, "run the Faust stream worker")
+
+    al = add("alerter", _alerter, "consume detections into Redis live state")
+    al.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
+
+    alerts = add("alerts", _alerts, "list open incidents from Redis")
+    alerts.add_argument("--job", help="only this job")
+    alerts.add_argument("--kind", help="only this detection kind")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `vigil` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_mod.load(args.config)
+        return int(args.handler(cfg, args))
+    except VigilError as exc:
+        print(f"vigil: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

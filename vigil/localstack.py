@@ -1,0 +1,311 @@
+"""The local runtime of real services: a single-node KRaft Kafka and a Redis.
+
+`vigil up` starts what the configuration does not point elsewhere, waits until
+each answers, and records pid files under ``local.data_dir``; `vigil down` stops
+only what those pid files name. Both are idempotent.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts.config import Config
+from contracts.errors import VigilError
+
+KAFKA_VERSION = "3.9.1"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POM = REPO_ROOT / "deploy" / "local" / "pom.xml"
+_KAFKA_STARTED = "Kafka Server started"
+
+
+class StackError(VigilError):
+    """The local stack cannot be started; the message says what to install or fix."""
+
+
+def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
+    """True when something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours is not alive
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1]
+        return state != "Z"
+    except OSError:
+        return True
+
+
+@dataclass
+class Service:
+    """One managed process: where its pid, log and data live."""
+
+    name: str
+    port: int
+    root: Path
+
+    @property
+    def pidfile(self) -> Path:
+        return self.root / f"{self.name}.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return self.root / "logs" / f"{self.name}.log"
+
+    @property
+    def datadir(self) -> Path:
+        return self.root / self.name
+
+    def pid(self) -> int | None:
+        """The recorded pid when that process is still alive."""
+        try:
+            pid = int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _pid_alive(pid) else None
+
+    def spawn(self, argv: list[str]) -> int:
+        """Start ``argv`` detached from this terminal, logging to ``logfile``."""
+        self.logfile.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.logfile, "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pidfile.write_text(str(proc.pid))
+        return proc.pid
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """SIGTERM, then SIGKILL after ``timeout``; True if something was stopped."""
+        pid = self.pid()
+        if pid is None:
+            self.pidfile.unlink(missing_ok=True)
+            return False
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        self.pidfile.unlink(missing_ok=True)
+        return True
+
+
+def _say(message: str) -> None:
+    print(f"vigil: {message}", file=sys.stderr, flush=True)
+
+
+def _require(tool: str, install_hint: str) -> str:
+    found = shutil.which(tool)
+    if not found:
+        raise StackError(f"{tool} not found: {install_hint}")
+    return found
+
+
+def kafka_libs(config: Config) -> Path:
+    """The broker's jars, fetched from Maven Central with ``mvn`` the first time."""
+    libs = Path(config.local.kafka_cache_dir).expanduser() / f"kafka-{KAFKA_VERSION}" / "libs"
+    if (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
+        return libs
+    mvn = _require("mvn", "install Maven (apt-get install maven) to fetch Kafka's jars")
+    if not POM.exists():
+        raise StackError(f"{POM} is missing: run vigil from a checkout of the repository")
+    _say(f"fetching Apache Kafka {KAFKA_VERSION} from Maven Central (once, ~50 MB)...")
+    tmp = libs.with_name("libs.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    result = subprocess.run(
+        [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+         f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
+        capture_output=True, text=True)
+    if result.returncode != 0:
+        raise StackError(f"mvn could not fetch Kafka:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    tmp.rename(libs)
+    return libs
+
+
+def _kafka_properties(config: Config, svc: Service) -> Path:
+    local = config.local
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{local.controller_port}",
+        "listeners": (f"PLAINTEXT://127.0.0.1:{local.kafka_port},"
+                      f"CONTROLLER://127.0.0.1:{local.controller_port}"),
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{local.kafka_port}",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str((svc.datadir / "data").resolve()),
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "true",
+        "log.retention.hours": "24",
+        "log.segment.bytes": str(64 << 20),
+    }
+    path = svc.datadir / "server.properties"
+    path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    log4j = svc.datadir / "log4j.properties"
+    log4j.write_text(
+        "log4j.rootLogger=INFO, stdout\n"
+        "log4j.appender.stdout=org.apache.log4j.ConsoleAppender\n"
+        "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout\n"
+        "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+        "log4j.logger.kafka=INFO\nlog4j.logger.org.apache.kafka=WARN\n"
+        "log4j.logger.kafka.server.KafkaRaftServer=INFO\n")
+    return path
+
+
+def _java(config: Config, libs: Path, svc: Service, *args: str) -> list[str]:
+    java = _require("java", "install a Java 17 runtime (apt-get install openjdk-17-jre-headless)")
+    return [java, f"-Xmx{config.local.kafka_heap_mb}m", f"-Xms{min(256, config.local.kafka_heap_mb)}m",
+            f"-Dlog4j.configuration=file:{(svc.datadir / 'log4j.properties').resolve()}",
+            "-cp", f"{libs}/*", *args]
+
+
+def start_kafka(config: Config, svc: Service, timeout: float = 120.0) -> None:
+    """Format storage once, start the broker, wait for its port and 'started' line."""
+    libs = kafka_libs(config)
+    svc.datadir.mkdir(parents=True, exist_ok=True)
+    props = _kafka_properties(config, svc)
+    if not (svc.datadir / "data" / "meta.properties").exists():
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        result = subprocess.run(_java(config, libs, svc, "kafka.tools.StorageTool", "format",
+                                      "-t", cluster_id, "-c", str(props)),
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise StackError(f"Kafka storage format failed: {result.stdout}{result.stderr}")
+    offset = svc.logfile.stat().st_size if svc.logfile.exists() else 0
+    svc.spawn(_java(config, libs, svc, "kafka.Kafka", str(props)))
+    _wait(svc, timeout, lambda: port_open(svc.port) and _log_has(svc, _KAFKA_STARTED, offset))
+
+
+def _log_has(svc: Service, needle: str, offset: int) -> bool:
+    try:
+        with open(svc.logfile, "rb") as fh:
+            fh.seek(offset)
+            return needle.encode() in fh.read()
+    except OSError:
+        return False
+
+
+def _redis_binary() -> str:
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        _say("redis-server missing: installing Debian's redis-server with apt-get...")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in (["apt-get", "update", "-qq"],
+                    ["apt-get", "install", "-y", "-qq", "redis-server"]):
+            subprocess.run(cmd, check=False, env=env, stdout=subprocess.DEVNULL)
+        if Path("/usr/bin/redis-server").exists():
+            return "/usr/bin/redis-server"
+    raise StackError("redis-server not found: install it (apt-get install redis-server)")
+
+
+def redis_ping(port: int) -> bool:
+    """True when a Redis on loopback answers PING."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def start_redis(config: Config, svc: Service, timeout: float = 30.0) -> None:
+    """Start redis-server on loopback with its data and log under the stack dir."""
+    binary = _redis_binary()
+    svc.datadir.mkdir(parents=True, exist_ok=True)
+    svc.spawn([binary, "--port", str(svc.port), "--bind", "127.0.0.1", "--protected-mode", "yes",
+               "--dir", str(svc.datadir.resolve()), "--appendonly", "yes", "--save", "",
+               "--daemonize", "no"])
+    _wait(svc, timeout, lambda: redis_ping(svc.port))
+
+
+def _wait(svc: Service, timeout: float, ready: object) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():  # type: ignore[operator]
+            return
+        if svc.pid() is None:
+            tail = svc.logfile.read_text(errors="replace")[-3000:] if svc.logfile.exists() else ""
+            raise StackError(f"{svc.name} exited during start-up; log {svc.logfile}:\n{tail}")
+        time.sleep(0.3)
+    svc.stop()
+    raise StackError(f"{svc.name} did not become ready in {timeout:.0f}s; see {svc.logfile}")
+
+
+def services(config: Config) -> dict[str, Service]:
+    """The services this configuration manages (external ones are left out)."""
+    root = Path(config.local.data_dir)
+    found: dict[str, Service] = {}
+    if config.manages_kafka:
+        found["kafka"] = Service("kafka", config.local.kafka_port, root)
+    if config.manages_redis:
+        found["redis"] = Service("redis", config.local.redis_port, root)
+    return found
+
+
+def up(config: Config) -> None:
+    """Start every managed service that is not already running and healthy."""
+    starters = {"kafka": start_kafka, "redis": start_redis}
+    for name, svc in services(config).items():
+        if svc.pid() is not None:
+            _say(f"{name} already running (pid {svc.pid()}, port {svc.port})")
+            continue
+        if port_open(svc.port):
+            raise StackError(f"port {svc.port} for {name} is taken by another process: "
+                             f"set VIGIL_LOCAL_{name.upper()}_PORT or stop it")
+        svc.root.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        starters[name](config, svc)
+        _say(f"{name} up on 127.0.0.1:{svc.port} in {time.monotonic() - started:.1f}s "
+             f"(log {svc.logfile})")
+    if not config.manages_kafka:
+        _say(f"using external Kafka {config.kafka_bootstrap}")
+    if not config.manages_redis:
+        _say("using external Redis from VIGIL_REDIS_URL")
+
+
+def down(config: Config) -> None:
+    """Stop the services this stack started (found by pid file)."""
+    for name, svc in services(config).items():
+        _say(f"{name} stopped" if svc.stop() else f"{name} was not running")
+
+
+def status(config: Config) -> dict[str, str]:
+    """Service name → 'up (pid N, port P)' / 'down' / 'external'."""
+    report: dict[str, str] = {}
+    managed = services(config)
+    for name in ("kafka", "redis"):
+        svc = managed.get(name)
+        if svc is None:
+            report[name] = "external"
+            continue
+        pid = svc.pid()
+        healthy = redis_ping(svc.port) if name == "redis" else port_open(svc.port)
+        report[name] = (f"up (pid {pid}, port {svc.port})" if pid and healthy
+                        else f"unhealthy (pid {pid})" if pid else "down")
+    return report
