@@ -51,6 +51,8 @@ def _replay(cfg: Config, args: argparse.Namespace) -> int:
 
 def _worker(cfg: Config, args: argparse.Namespace) -> int:
     from streams.worker import run_worker
+    from vigil.kafka_admin import ensure_topics
+    ensure_topics(cfg)
     return run_worker(cfg)
 
 

@@ -1,0 +1,1 @@
+"""The alerter: consumes detections into Redis live state (and, later, channels)."""

@@ -1,0 +1,105 @@
+"""Redis live state: open incidents per job and fleet-wide, and a bounded history.
+
+Key layout (``P`` = ``redis.key_prefix``; ``{job}`` is a Redis Cluster hash tag, so
+one job's keys share a slot and the compare-and-set below is atomic there):
+
+- ``P:incident:{job}:<id>``  hash: ``detection`` (JSON), ``detected_at``, ``state``
+- ``P:open:{job}``           hash: incident id → detection JSON, firing only
+- ``P:open-jobs``            set of jobs with open incidents (fleet-wide index)
+- ``P:history``              stream of applied detections, capped near ``history_max``
+- ``P:updates``              pub/sub channel: every applied detection
+
+Writes are idempotent and ordered: a detection is applied only when it is newer
+than what the incident key holds (later ``detected_at``; at equal time, resolved
+beats firing), so Kafka redeliveries and replays change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+_APPLY = """
+local cur = redis.call('HGET', KEYS[1], 'detected_at')
+local cur_rank = tonumber(redis.call('HGET', KEYS[1], 'rank') or '-1')
+local new_at = tonumber(ARGV[3])
+local new_rank = tonumber(ARGV[4])
+if cur then
+  local cur_at = tonumber(cur)
+  if new_at < cur_at or (new_at == cur_at and new_rank <= cur_rank) then
+    return 0
+  end
+end
+redis.call('HSET', KEYS[1], 'detection', ARGV[2], 'detected_at', ARGV[3], 'rank', ARGV[4])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
+if ARGV[4] == '0' then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+return 1
+"""
+_RANK = {"firing": 0, "resolved": 1}
+INCIDENT_TTL_SECONDS = 30 * 86400
+
+
+class LiveState:
+    """Reads and writes the live-state keys of one Redis (or Redis Cluster)."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "vigil", history_max: int = 10000) -> None:
+        self.r = client
+        self.prefix = prefix
+        self.history_max = history_max
+        self._apply = client.register_script(_APPLY)
+
+    def incident_key(self, job: str, incident: str) -> str:
+        return f"{self.prefix}:incident:{{{job}}}:{incident}"
+
+    def open_key(self, job: str) -> str:
+        return f"{self.prefix}:open:{{{job}}}"
+
+    @property
+    def jobs_key(self) -> str:
+        return f"{self.prefix}:open-jobs"
+
+    @property
+    def history_key(self) -> str:
+        return f"{self.prefix}:history"
+
+    @property
+    def updates_channel(self) -> str:
+        return f"{self.prefix}:updates"
+
+    def apply(self, det: dict[str, Any]) -> bool:
+        """Record one validated detection; False when it was a duplicate or stale."""
+        job, incident = det["job"], det["id"]
+        body = json.dumps(det, separators=(",", ":"), sort_keys=True)
+        applied = self._apply(
+            keys=[self.incident_key(job, incident), self.open_key(job)],
+            args=[incident, body, repr(float(det["detected_at"])), _RANK[det["state"]],
+                  INCIDENT_TTL_SECONDS])
+        if not applied:
+            return False
+        if det["state"] == "firing":
+            self.r.sadd(self.jobs_key, job)
+        elif self.r.hlen(self.open_key(job)) == 0:
+            self.r.srem(self.jobs_key, job)
+        self.r.xadd(self.history_key, {"detection": body}, maxlen=self.history_max,
+                    approximate=True)
+        self.r.publish(self.updates_channel, body)
+        return True
+
+    def open_incidents(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Firing detections of one job, or of the whole fleet."""
+        jobs = [job] if job else sorted(m.decode() for m in self.r.smembers(self.jobs_key))
+        out: list[dict[str, Any]] = []
+        for j in jobs:
+            out.extend(json.loads(v) for v in self.r.hvals(self.open_key(j)))
+        return out
+
+    def history(self, count: int = 100) -> list[dict[str, Any]]:
+        """The latest applied detections, newest first."""
+        entries = self.r.xrevrange(self.history_key, count=count)
+        return [json.loads(fields[b"detection"]) for _, fields in entries]

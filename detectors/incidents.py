@@ -1,0 +1,96 @@
+"""Turn per-evaluation findings into incidents: persistence before firing,
+hysteresis before resolving, and ids that stay stable from firing to resolved.
+
+The tracker's whole state is a JSON-able dict, so the stream worker keeps it in a
+changelogged table and a restarted worker neither loses an incident nor fires it
+twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from contracts import DETECTION_SCHEMA
+from detectors.findings import Finding
+
+
+def incident_id(job: str, key: str, started_at: float) -> str:
+    """Deterministic id of one incident: job, condition and the time it began."""
+    digest = hashlib.sha1(f"{job}|{key}|{started_at:.3f}".encode()).hexdigest()
+    return f"{key.split('|', 1)[0]}-{digest[:16]}"
+
+
+class IncidentTracker:
+    """Per-job incident bookkeeping keyed by ``Finding.key``."""
+
+    def __init__(self, job: str, fire_after: int, resolve_after: int,
+                 state: dict[str, Any] | None = None) -> None:
+        self.job = job
+        self.fire_after = fire_after
+        self.resolve_after = resolve_after
+        self.conditions: dict[str, dict[str, Any]] = (state or {}).get("conditions", {})
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able state for a table or a checkpoint."""
+        return {"conditions": self.conditions}
+
+    def open_incidents(self) -> list[dict[str, Any]]:
+        """The firing detections that have not resolved yet."""
+        return [c["detection"] for c in self.conditions.values() if c.get("firing")]
+
+    def update(self, now: float, findings: list[Finding], kinds: set[str]) -> list[dict[str, Any]]:
+        """Apply one evaluation at event time ``now`` covering detection ``kinds``.
+
+        Conditions of those kinds that are not among ``findings`` count towards
+        resolving. Returns the detections to publish (firing and resolved).
+        """
+        out: list[dict[str, Any]] = []
+        seen = {f.key: f for f in findings}
+        for key, finding in seen.items():
+            cond = self.conditions.setdefault(
+                key, {"on": 0, "off": 0, "firing": False, "since": finding.since})
+            cond["on"] += 1
+            cond["off"] = 0
+            need = finding.fire_after if finding.fire_after is not None else self.fire_after
+            if not cond["firing"] and cond["on"] >= need:
+                cond["firing"] = True
+                det = self._detection(finding, key, cond["since"], now, "firing")
+                cond["detection"] = det
+                out.append(det)
+            elif cond["firing"]:
+                cond["peak_score"] = max(cond.get("peak_score", 0.0), finding.score)
+        for key in [k for k in self.conditions if k not in seen]:
+            if key.split("|", 1)[0] not in kinds:
+                continue
+            cond = self.conditions[key]
+            if not cond["firing"]:
+                del self.conditions[key]
+                continue
+            cond["off"] += 1
+            cond["on"] = 0
+            if cond["off"] >= self.resolve_after:
+                resolved = dict(cond["detection"], state="resolved", detected_at=now)
+                resolved["summary"] = "Resolved: " + cond["detection"]["summary"]
+                out.append(resolved)
+                del self.conditions[key]
+        return out
+
+    def _detection(self, f: Finding, key: str, since: float, now: float,
+                   state: str) -> dict[str, Any]:
+        return {
+            "schema": DETECTION_SCHEMA,
+            "id": incident_id(self.job, key, since),
+            "kind": f.kind,
+            "state": state,
+            "severity": f.severity,
+            "job": self.job,
+            "node": f.node,
+            "gpu": f.gpu,
+            "started_at": round(since, 3),
+            "detected_at": round(now, 3),
+            "metrics": list(f.metrics),
+            "score": round(f.score, 3),
+            "summary": f.summary,
+            "evidence": f.evidence,
+        }

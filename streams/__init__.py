@@ -1,0 +1,1 @@
+"""The Faust stream worker: per-job windows in tables, detectors on every step."""

@@ -1,0 +1,111 @@
+"""Subcommand bodies that wire stages together (simulate, replay, alerter, alerts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+
+from contracts import topics
+from contracts.codec import ContractError, decode_sample, encode_detection, encode_sample
+from contracts.config import Config
+
+log = logging.getLogger("vigil")
+
+
+@contextmanager
+def _open(path: str, mode: str) -> Iterator[IO[Any]]:
+    if path == "-":
+        yield sys.stdout.buffer if "w" in mode else sys.stdin.buffer
+        return
+    with open(path, mode) as fh:
+        yield fh
+
+
+def simulate(cfg: Config, args: argparse.Namespace) -> int:
+    """Publish (or write) the demo cluster's samples; optionally pace them in real time."""
+    from producers.simulator import Simulator, demo_cluster
+
+    start = args.start if args.start is not None else time.time()
+    cluster = demo_cluster(args.jobs, args.nodes, start=start, slow_after=60.0)
+    sim = Simulator(cluster, start, seed=args.seed)
+    if args.labels:
+        with open(args.labels, "w") as fh:
+            json.dump(cluster.labels(), fh, indent=2)
+    if args.out:
+        with _open(args.out, "wb") as out:
+            for sample in sim.samples(args.duration):
+                out.write(encode_sample(sample) + b"\n")
+        return 0
+    from producers.publisher import KafkaPublisher
+    from vigil.kafka_admin import ensure_topics
+
+    ensure_topics(cfg)
+    pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix))
+    tick_start = time.monotonic()
+    last_ts = None
+    for sample in sim.samples(args.duration):
+        if args.realtime and sample["ts"] != last_ts:
+            last_ts = sample["ts"]
+            delay = (sample["ts"] - start - 1.0) - (time.monotonic() - tick_start)
+            if delay > 0:
+                time.sleep(delay)
+        pub.publish(sample)
+    pub.close()
+    log.info("published %d samples (%d failed)", pub.sent, pub.failed)
+    return 0 if pub.failed == 0 else 1
+
+
+def replay(cfg: Config, args: argparse.Namespace) -> int:
+    """Run the detectors over a trace in event time and print detections as JSON lines."""
+    from detectors.engine import ReplayRunner
+
+    runner = ReplayRunner(cfg.detect)
+    bad = 0
+    with _open(args.trace, "rb") as trace, _open(args.out, "wb") as out:
+        for lineno, line in enumerate(trace, 1):
+            if not line.strip():
+                continue
+            try:
+                sample = decode_sample(line)
+            except ContractError as exc:
+                bad += 1
+                log.warning("line %d skipped: %s", lineno, exc)
+                continue
+            for detection in runner.feed(sample):
+                out.write(encode_detection(detection) + b"\n")
+    late = sum(e.late for e in runner.engines.values())
+    if bad or late:
+        log.warning("replay: %d invalid lines, %d late samples", bad, late)
+    return 0
+
+
+def alerter(cfg: Config, args: argparse.Namespace) -> int:
+    """Consume detections into Redis live state until stopped."""
+    from alerting.service import run_alerter
+
+    return run_alerter(cfg, max_seconds=args.max_seconds)
+
+
+def alerts(cfg: Config, args: argparse.Namespace) -> int:
+    """Print open incidents from Redis, newest first."""
+    import redis
+
+    from alerting.state import LiveState
+
+    state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    rows = state.open_incidents(job=args.job)
+    rows = [r for r in rows if not args.kind or r["kind"] == args.kind]
+    if not rows:
+        print("no open incidents")
+    for det in sorted(rows, key=lambda d: -d["detected_at"]):
+        where = det["node"] or "-"
+        if det["gpu"] is not None:
+            where += f" gpu {det['gpu']}"
+        print(f"{det['severity']:8} {det['kind']:13} {det['job']:12} {where:28} {det['summary']}")
+    return 0

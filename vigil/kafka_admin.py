@@ -1,0 +1,38 @@
+"""Create Vigil's topics when they are missing (kafka-python admin client)."""
+
+from __future__ import annotations
+
+import logging
+
+from kafka.admin import KafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+from kafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
+
+from contracts import topics
+from contracts.config import Config
+
+log = logging.getLogger(__name__)
+
+
+def ensure_topics(cfg: Config) -> None:
+    """Create samples, detections, dead-letter, alerts and actions topics if absent."""
+    wanted = {
+        topics.SAMPLES: cfg.kafka.samples_partitions,
+        topics.DETECTIONS: cfg.kafka.detections_partitions,
+        topics.DEADLETTER: 1,
+        topics.ALERTS: cfg.kafka.detections_partitions,
+        topics.ACTIONS: 1,
+    }
+    admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id="vigil-admin")
+    try:
+        existing = set(admin.list_topics())
+        new = [NewTopic(topics.topic(name, cfg.kafka.topic_prefix), parts, 1)
+               for name, parts in wanted.items()
+               if topics.topic(name, cfg.kafka.topic_prefix) not in existing]
+        if new:
+            try:
+                admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass
+            log.info("created topics %s", [t.name for t in new])
+    finally:
+        admin.close()
