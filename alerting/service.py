@@ -13,13 +13,13 @@ import time
 from types import FrameType
 
 import redis
-from kafka import KafkaConsumer  # type: ignore[import-untyped]
+from kafka import KafkaConsumer
 
+from alerting.state import LiveState
 from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
 from contracts.errors import ContractError
-from alerting.state import LiveState
 
 log = logging.getLogger(__name__)
 

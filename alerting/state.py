@@ -48,7 +48,8 @@ INCIDENT_TTL_SECONDS = 30 * 86400
 class LiveState:
     """Reads and writes the live-state keys of one Redis (or Redis Cluster)."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "vigil", history_max: int = 10000) -> None:
+    def __init__(self, client: redis.Redis, prefix: str = "vigil",
+                 history_max: int = 10000) -> None:
         self.r = client
         self.prefix = prefix
         self.history_max = history_max
@@ -93,7 +94,8 @@ class LiveState:
 
     def open_incidents(self, job: str | None = None) -> list[dict[str, Any]]:
         """Firing detections of one job, or of the whole fleet."""
-        jobs = [job] if job else sorted(m.decode() for m in self.r.smembers(self.jobs_key))
+        members: set[bytes] = self.r.smembers(self.jobs_key)  # type: ignore[assignment]
+        jobs = [job] if job else sorted(m.decode() for m in members)
         out: list[dict[str, Any]] = []
         for j in jobs:
             out.extend(json.loads(v) for v in self.r.hvals(self.open_key(j)))
@@ -101,5 +103,6 @@ class LiveState:
 
     def history(self, count: int = 100) -> list[dict[str, Any]]:
         """The latest applied detections, newest first."""
-        entries = self.r.xrevrange(self.history_key, count=count)
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = self.r.xrevrange(  # type: ignore[assignment]
+            self.history_key, count=count)
         return [json.loads(fields[b"detection"]) for _, fields in entries]

@@ -8,10 +8,10 @@ spelled anywhere else as a definition.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Scope(str, Enum):
+class Scope(StrEnum):
     """Where a metric lives in a ``vigil.sample/1`` message."""
 
     GPU = "gpu"
@@ -19,7 +19,7 @@ class Scope(str, Enum):
     NIC = "nic"
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     """How a metric behaves over time (drives sampling and validation)."""
 
     RATIO = "ratio"  # 0..1 averaged over the interval

@@ -181,7 +181,8 @@ def _convert(raw: Any, hint: Any, where: str) -> Any:
             return float(raw)
         return str(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: cannot read {raw!r} as {getattr(hint, '__name__', hint)}")
+        name = getattr(hint, "__name__", hint)
+        raise ConfigError(f"{where}: cannot read {raw!r} as {name}") from None
 
 
 def _section(cls: type, values: Mapping[str, Any], where: str) -> Any:

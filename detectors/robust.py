@@ -19,7 +19,8 @@ def nanmedian(values: Array, axis: int) -> Array:
         return np.asarray(np.nanmedian(values, axis=axis), dtype=np.float64)
 
 
-def robust_z(matrix: Array, abs_floor: float, rel_floor: float = 0.02) -> tuple[Array, Array, Array]:
+def robust_z(matrix: Array, abs_floor: float,
+             rel_floor: float = 0.02) -> tuple[Array, Array, Array]:
     """Column-wise robust z-scores of a (peers × bins) matrix.
 
     Returns ``(z, median, scale)``: ``z[i, t]`` says how far peer ``i`` sits from the

@@ -130,7 +130,8 @@ def _finding(node: str, gpu: str | None, devs: list[_Deviation], gpus: list[str]
     top = list(strongest.values())[:2]
     detail = ", ".join(f"{d.metric} {fmt(d.value, GPU_METRICS[d.metric].unit)} vs peers' "
                        f"{fmt(d.peer_median, GPU_METRICS[d.metric].unit)}" for d in top)
-    who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node} ({len(gpus)}/{node_gpus} GPUs)"
+    who = (f"GPU {gpu} on {node}" if gpu is not None
+           else f"Node {node} ({len(gpus)}/{node_gpus} GPUs)")
     summary = f"{who} is out of step with its peers: {detail}."
     evidence = {
         "gpus": gpus,

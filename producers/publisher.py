@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kafka import KafkaProducer  # type: ignore[import-untyped]
+from kafka import KafkaProducer
 
 from contracts.codec import encode_sample
 

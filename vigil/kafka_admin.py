@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from kafka.admin import KafkaAdminClient, NewTopic  # type: ignore[import-untyped]
-from kafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import TopicAlreadyExistsError
 
 from contracts import topics
 from contracts.config import Config

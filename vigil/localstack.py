@@ -135,7 +135,8 @@ def kafka_libs(config: Config) -> Path:
          f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
         capture_output=True, text=True)
     if result.returncode != 0:
-        raise StackError(f"mvn could not fetch Kafka:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        output = result.stdout[-2000:] + result.stderr[-2000:]
+        raise StackError(f"mvn could not fetch Kafka:\n{output}")
     tmp.rename(libs)
     return libs
 
@@ -177,7 +178,8 @@ def _kafka_properties(config: Config, svc: Service) -> Path:
 
 def _java(config: Config, libs: Path, svc: Service, *args: str) -> list[str]:
     java = _require("java", "install a Java 17 runtime (apt-get install openjdk-17-jre-headless)")
-    return [java, f"-Xmx{config.local.kafka_heap_mb}m", f"-Xms{min(256, config.local.kafka_heap_mb)}m",
+    heap = config.local.kafka_heap_mb
+    return [java, f"-Xmx{heap}m", f"-Xms{min(256, heap)}m",
             f"-Dlog4j.configuration=file:{(svc.datadir / 'log4j.properties').resolve()}",
             "-cp", f"{libs}/*", *args]
 

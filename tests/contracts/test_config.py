@@ -1,0 +1,65 @@
+"""Config loading: TOML file, VIGIL_* overrides, type errors, secrets masked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from contracts.config import ConfigError, Secret, describe, load, mask_url
+
+
+def test_defaults_point_at_the_local_stack() -> None:
+    cfg = load(env={})
+    assert cfg.kafka_bootstrap == "127.0.0.1:19092"
+    assert cfg.redis_url == "redis://127.0.0.1:16379/0"
+    assert cfg.manages_kafka and cfg.manages_redis
+
+
+def test_file_then_environment_wins(tmp_path: Path) -> None:
+    path = tmp_path / "vigil.toml"
+    path.write_text('[kafka]\nbootstrap = "k1:9092"\n[detect]\nstraggler_z = 5.5\n')
+    cfg = load(path, env={"VIGIL_KAFKA_BOOTSTRAP": "k2:9092", "VIGIL_DETECT_FIRE_AFTER": "3"})
+    assert cfg.kafka_bootstrap == "k2:9092"
+    assert cfg.detect.straggler_z == 5.5
+    assert cfg.detect.fire_after == 3
+    assert not cfg.manages_kafka and cfg.manages_redis
+
+
+def test_config_path_from_environment(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[worker]\napp_id = "w7"\n')
+    assert load(env={"VIGIL_CONFIG": str(path)}).worker.app_id == "w7"
+
+
+@pytest.mark.parametrize(("text", "env", "match"), [
+    ("[nope]\na = 1\n", {}, "unknown section"),
+    ("[kafka]\nbogus = 1\n", {}, "unknown setting"),
+    ("[detect]\nfire_after = 'many'\n", {}, "cannot read"),
+    ("[kafka\n", {}, "config file"),
+    ("", {"VIGIL_NOSUCH_X": "1"}, "names no config section"),
+    ("", {"VIGIL_LOCAL_KAFKA_PORT": "high"}, "cannot read"),
+])
+def test_errors_say_what_is_wrong(tmp_path: Path, text: str, env: dict[str, str],
+                                  match: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load(path, env=env)
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load(tmp_path / "absent.toml", env={})
+
+
+def test_secrets_never_print() -> None:
+    cfg = load(env={"VIGIL_KAFKA_SASL_PASSWORD": "hunter2",
+                    "VIGIL_REDIS_URL": "redis://alice:s3cret@r:6379/0"})
+    text = describe(cfg) + repr(cfg) + str(cfg)
+    assert "hunter2" not in text and "s3cret" not in text
+    assert "redis://alice:***@r:6379/0" in describe(cfg)
+    assert cfg.redis_url == "redis://alice:s3cret@r:6379/0"
+    assert isinstance(cfg.kafka.sasl_password, Secret)
+    assert cfg.kafka.sasl_password.reveal() == "hunter2"
+    assert mask_url("redis://r:6379") == "redis://r:6379"

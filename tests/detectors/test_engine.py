@@ -1,0 +1,166 @@
+"""The straggler detector and incident tracker through the job engine."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts.codec import validate_detection
+from contracts.config import DetectConfig
+from detectors.engine import JobEngine, ReplayRunner
+from detectors.findings import Finding
+from detectors.incidents import IncidentTracker
+from detectors.robust import robust_z
+from producers.simulator import Cluster, JobSpec, Simulator, demo_cluster
+
+CFG = DetectConfig()
+START = 1_000_000.0
+
+
+def _run(samples: Iterator[dict[str, Any]], cfg: DetectConfig = CFG) -> list[dict[str, Any]]:
+    runner = ReplayRunner(cfg)
+    return [d for s in samples for d in runner.feed(s)]
+
+
+def _healthy(seed: int, nodes: int = 4) -> Cluster:
+    return Cluster([JobSpec("job-h", [f"n{i}" for i in range(nodes)])])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_slow_gpu_is_found_within_30s_and_blamed_exactly(seed: int) -> None:
+    cluster = demo_cluster(jobs=2, nodes=4, start=START, slow_after=60.0)
+    fault = cluster.faults[0]
+    dets = _run(Simulator(cluster, START, seed=seed).samples(200))
+    firing = [d for d in dets if d["state"] == "firing"]
+    assert len(firing) == 1, firing
+    det = validate_detection(firing[0])
+    assert (det["job"], det["node"], det["gpu"]) == (fault.job, fault.node, fault.gpu)
+    assert 0 <= det["detected_at"] - fault.start <= 30
+    assert abs(det["started_at"] - fault.start) <= CFG.bin_seconds
+    assert "sm_active" in det["metrics"] and det["evidence"]["deviations"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_healthy_jobs_raise_nothing(seed: int) -> None:
+    assert _run(Simulator(_healthy(seed, nodes=8), START, seed=seed).samples(300)) == []
+
+
+def _whole_job_pause(samples: Iterator[dict[str, Any]], start: float,
+                     end: float) -> Iterator[dict[str, Any]]:
+    """A checkpoint: every GPU of the job idles at once."""
+    for s in samples:
+        if start <= s["ts"] < end:
+            s = copy.deepcopy(s)
+            for g in s["gpus"].values():
+                g.update(sm_active=0.01, tensor_active=0.0, dram_active=0.02, power=95.0)
+        yield s
+
+
+def test_whole_job_checkpoint_is_not_a_straggler() -> None:
+    sim = Simulator(_healthy(0, nodes=4), START, seed=4)
+    assert _run(_whole_job_pause(sim.samples(300), START + 100, START + 140)) == []
+
+
+def test_slow_gpu_resolves_with_the_same_id() -> None:
+    cluster = demo_cluster(jobs=1, nodes=4, start=START, slow_after=30.0)
+    fault = cluster.faults[0]
+    cluster.faults[0] = type(fault)(fault.kind, fault.job, fault.node, fault.gpu, fault.start,
+                                    START + 120)
+    dets = _run(Simulator(cluster, START, seed=5).samples(240))
+    assert [d["state"] for d in dets] == ["firing", "resolved"]
+    assert dets[0]["id"] == dets[1]["id"]
+    assert dets[1]["detected_at"] > START + 120
+
+
+def test_restarting_from_state_gives_identical_detections() -> None:
+    """What the worker does on failover: rebuild the engine from its JSON state."""
+    samples = list(Simulator(demo_cluster(1, 4, START), START, seed=6).samples(200))
+    straight = _run(iter(samples))
+    engine: JobEngine | None = None
+    resumed = []
+    for i, s in enumerate(samples):
+        if engine is None or i % 97 == 0:  # restart from a JSON round trip, often
+            state = json.loads(json.dumps(engine.to_state())) if engine else None
+            engine = JobEngine(s["job"], CFG, state)
+        engine.ingest(s)
+        resumed.extend(engine.advance())
+    assert resumed == straight and straight
+
+
+def test_late_samples_are_counted_not_used() -> None:
+    samples = list(Simulator(_healthy(0), START, seed=1).samples(60))
+    engine = JobEngine("job-h", CFG)
+    for s in samples:
+        engine.ingest(s)
+        engine.advance()
+    old = dict(samples[0], ts=samples[0]["ts"])
+    assert engine.ingest(old) is False
+    assert engine.late == 1
+
+
+def test_out_of_order_within_grace_gives_same_result() -> None:
+    samples = list(Simulator(demo_cluster(1, 4, START), START, seed=8).samples(200))
+    shuffled = []
+    for i in range(0, len(samples), 8):  # swap neighbouring ticks (1 s apart)
+        shuffled.extend(samples[i + 4:i + 8] + samples[i:i + 4])
+    assert _run(iter(shuffled)) == _run(iter(samples))
+
+
+@pytest.mark.parametrize("mutate", ["drop_metric", "drop_gpu", "nan_free_empty", "single_gpu"])
+def test_degenerate_inputs_do_not_crash_or_accuse(mutate: str) -> None:
+    cluster = Cluster([JobSpec("job-d", ["n0", "n1"], gpus_per_node=1 if mutate == "single_gpu"
+                                else 8)])
+    out = []
+    for s in Simulator(cluster, START, seed=2).samples(120):
+        s = copy.deepcopy(s)
+        if mutate == "drop_metric":
+            for g in s["gpus"].values():
+                g.pop("sm_active", None)
+        elif mutate == "drop_gpu" and s["ts"] > START + 50:
+            s["gpus"].pop("2", None)
+        elif mutate == "nan_free_empty":
+            s["gpus"] = {}
+        out.append(s)
+    assert _run(iter(out)) == []
+
+
+def test_tracker_persistence_and_hysteresis() -> None:
+    tracker = IncidentTracker("j", fire_after=2, resolve_after=2)
+    f = Finding("straggler", "n", "1", "warning", ("sm_active",), 5.0, "s", 10.0)
+    assert tracker.update(15, [f], {"straggler"}) == []
+    fired = tracker.update(20, [f], {"straggler"})
+    assert [d["state"] for d in fired] == ["firing"]
+    assert tracker.update(25, [], {"straggler"}) == []  # one clear evaluation: still open
+    assert tracker.update(30, [f], {"straggler"}) == []  # back: no second firing
+    assert tracker.update(35, [], {"hang"}) == []  # other kinds' evaluations do not resolve it
+    assert tracker.update(40, [], {"straggler"}) == []
+    resolved = tracker.update(45, [], {"straggler"})
+    assert [d["state"] for d in resolved] == ["resolved"]
+    assert resolved[0]["id"] == fired[0]["id"] and resolved[0]["detected_at"] == 45
+    assert tracker.open_incidents() == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=5, max_size=40), st.integers(0, 4),
+       st.floats(0.2, 1.0))
+def test_robust_z_flags_one_outlier_and_ignores_the_rest(peers: list[float], where: int,
+                                                         jump: float) -> None:
+    base = np.full(len(peers), 0.5) + (np.array(peers) - 0.5) * 0.01  # tight peers
+    values = base.copy()
+    values[where] = values[where] + jump if values[where] + jump <= 1.5 else values[where] - jump
+    z, median, scale = robust_z(values.reshape(-1, 1), abs_floor=0.015)
+    assert scale[0] >= 0.015
+    assert abs(z[where, 0]) > 4
+    others = np.delete(z[:, 0], where)
+    assert np.all(np.abs(others) < 4)
+    with_nan = values.copy()
+    with_nan[(where + 1) % len(values)] = np.nan
+    z2, _, _ = robust_z(with_nan.reshape(-1, 1), abs_floor=0.015)
+    assert np.isnan(z2[(where + 1) % len(values), 0]) and abs(z2[where, 0]) > 4
