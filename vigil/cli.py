@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--start", type=float, default=None, help="first timestamp (default: now)")
     sim.add_argument("--realtime", action="store_true", help="pace publishing at 1 tick/s")
     sim.add_argument("--labels", help="write the ground-truth fault labels (JSON) here")
+    sim.add_argument("--slow-after", type=float, default=60.0,
+                     help="seconds until the injected GPU slows down")
 
     rep = add("replay", _replay, "run the detectors over a JSON-lines trace, in event time")
     rep.add_argument("trace", help="trace file of vigil.sample/1 lines, '-' for stdin")

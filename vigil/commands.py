@@ -32,7 +32,7 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
     from producers.simulator import Simulator, demo_cluster
 
     start = args.start if args.start is not None else time.time()
-    cluster = demo_cluster(args.jobs, args.nodes, start=start, slow_after=60.0)
+    cluster = demo_cluster(args.jobs, args.nodes, start=start, slow_after=args.slow_after)
     sim = Simulator(cluster, start, seed=args.seed)
     if args.labels:
         with open(args.labels, "w") as fh:

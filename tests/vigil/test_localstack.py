@@ -1,0 +1,32 @@
+"""The local stack's bookkeeping and its error messages (no services started here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from contracts.config import load
+from vigil import localstack
+
+
+def test_missing_tool_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(localstack.StackError, match="apt-get install maven"):
+        localstack._require("mvn", "install Maven (apt-get install maven) to fetch Kafka's jars")
+
+
+def test_external_services_are_not_managed() -> None:
+    cfg = load(env={"VIGIL_KAFKA_BOOTSTRAP": "k:9092", "VIGIL_REDIS_URL": "redis://r:1/0"})
+    assert localstack.services(cfg) == {}
+    assert localstack.status(cfg) == {"kafka": "external", "redis": "external"}
+
+
+def test_stale_pid_file_reads_as_down(tmp_path: Path) -> None:
+    cfg = load(env={"VIGIL_LOCAL_DATA_DIR": str(tmp_path), "VIGIL_LOCAL_KAFKA_PORT": "1",
+                    "VIGIL_LOCAL_REDIS_PORT": "2"})
+    svc = localstack.services(cfg)["redis"]
+    svc.pidfile.write_text("999999999")
+    assert svc.pid() is None
+    assert localstack.status(cfg)["redis"] == "down"
+    assert svc.stop() is False and not svc.pidfile.exists()
