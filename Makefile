@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check contracts producers detectors streams alerting vigil tests bench
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
