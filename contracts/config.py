@@ -108,12 +108,19 @@ class DetectConfig:
     bin_seconds: float = 5.0
     window_seconds: float = 60.0
     grace_seconds: float = 5.0
+    fire_after: int = 2
+    resolve_after: int = 4
     straggler_z: float = 4.0
     straggler_bins: int = 4
     straggler_of_bins: int = 6
-    fire_after: int = 2
-    resolve_after: int = 4
-    silent_seconds: float = 30.0
+    hang_seconds: float = 20.0
+    silent_seconds: float = 20.0
+    missing_gpu_seconds: float = 10.0
+    throttle_seconds: float = 15.0
+    health_hold_seconds: float = 300.0
+    link_z: float = 4.0
+    ib_errors_per_window: float = 10.0
+    network_link_share: float = 0.4
 
 
 @dataclass(frozen=True)

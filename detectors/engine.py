@@ -1,10 +1,11 @@
 """One job's detection engine, driven in event time by the worker and by replay.
 
-``ingest`` folds samples into the job's window; ``advance`` evaluates every bin the
-watermark (latest event time minus the grace period) has closed, runs the
-detectors and returns the detections the incident tracker decides to publish.
-Samples for bins already evaluated are late: counted, not used. The whole engine
-state is JSON-able so it can live in a Faust table.
+``ingest`` folds a sample into the job's window and health state and returns the
+detections that must fire on that very sample (XID, ECC). ``advance`` evaluates
+every bin the watermark (latest event time minus the grace period) has closed,
+runs the window detectors and returns what the incident tracker decides to
+publish. Samples for bins already evaluated are late: counted, not used. The whole
+engine state is JSON-able so it can live in a Faust table.
 """
 
 from __future__ import annotations
@@ -13,11 +14,17 @@ import math
 from typing import Any
 
 from contracts.config import DetectConfig
+from detectors.findings import Finding
+from detectors.hang import HangParams, find_hang
+from detectors.health import HealthMonitor, HealthParams
 from detectors.incidents import IncidentTracker
+from detectors.links import LinkParams, find_link_faults
+from detectors.network import NetworkParams, find_network_bound
 from detectors.straggler import StragglerParams, find_stragglers
-from detectors.window import JobWindow
+from detectors.window import JobWindow, WindowView
 
-WINDOW_KINDS = {"straggler"}
+EVALUATED_KINDS = {"straggler", "network_bound", "hang", "gpu_health", "link_health",
+                   "node_silent"}
 
 
 class JobEngine:
@@ -30,29 +37,41 @@ class JobEngine:
         self.window = JobWindow(cfg.bin_seconds, state.get("window"))
         self.tracker = IncidentTracker(job, cfg.fire_after, cfg.resolve_after,
                                        state.get("incidents"))
+        self.health = HealthMonitor(HealthParams(cfg.throttle_seconds, cfg.missing_gpu_seconds,
+                                                 cfg.silent_seconds, cfg.health_hold_seconds),
+                                    state.get("health"))
+        self.offsets: dict[str, dict[str, float]] = state.get("offsets", {})
         self.max_ts: float | None = state.get("max_ts")
         self.next_bin: int | None = state.get("next_bin")
         self.late: int = state.get("late", 0)
         self.window_bins = max(1, math.ceil(cfg.window_seconds / cfg.bin_seconds))
         self.straggler = StragglerParams(cfg.straggler_z, cfg.straggler_bins,
                                          cfg.straggler_of_bins)
+        self.hang = HangParams(cfg.hang_seconds)
+        self.links = LinkParams(cfg.link_z, errors_per_window=cfg.ib_errors_per_window)
+        self.network = NetworkParams(cfg.network_link_share)
 
     def to_state(self) -> dict[str, Any]:
-        """JSON-able state: window, open conditions, watermark bookkeeping."""
+        """JSON-able state: window, health, open conditions, watermark bookkeeping."""
         return {"window": self.window.to_state(), "incidents": self.tracker.to_state(),
+                "health": self.health.to_state(), "offsets": self.offsets,
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 
-    def ingest(self, sample: dict[str, Any]) -> bool:
-        """Fold a validated sample in; False (and counted) when it arrived too late."""
+    def ingest(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        """Fold a validated sample in; returns detections firing on this sample.
+
+        A sample for a bin already evaluated is counted in ``late`` and ignored.
+        """
         b = self.window.bin_of(sample["ts"])
         if self.next_bin is None:
             self.next_bin = b
         elif b < self.next_bin:
             self.late += 1
-            return False
+            return []
         self.window.add(sample)
         self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts, sample["ts"])
-        return True
+        immediate = self.health.ingest(sample)
+        return self.tracker.update(sample["ts"], immediate, set()) if immediate else []
 
     def advance(self) -> list[dict[str, Any]]:
         """Evaluate every bin closed by the watermark; return detections to publish."""
@@ -68,11 +87,22 @@ class JobEngine:
         self.window.drop_before(self.next_bin - self.window_bins)
         return out
 
-    def _evaluate(self, last_bin: int) -> list[dict[str, Any]]:
+    def findings(self, last_bin: int) -> list[Finding]:
+        """Every detector's findings for the window ending with ``last_bin``."""
         bins = range(last_bin - self.window_bins + 1, last_bin + 1)
         now = (last_bin + 1) * self.cfg.bin_seconds
-        findings = find_stragglers(self.window, bins, self.straggler)
-        return self.tracker.update(now, findings, WINDOW_KINDS)
+        view = WindowView(self.window, bins)
+        health, silent = self.health.evaluate(now)
+        hang = find_hang(view, self.hang)
+        found = [*health, *silent, *hang, *find_link_faults(view, self.links),
+                 *find_network_bound(view, self.network)]
+        if not hang:  # a hung job's GPUs are idle together: no one is out of step
+            found.extend(find_stragglers(view, self.straggler, self.offsets))
+        return found
+
+    def _evaluate(self, last_bin: int) -> list[dict[str, Any]]:
+        now = (last_bin + 1) * self.cfg.bin_seconds
+        return self.tracker.update(now, self.findings(last_bin), EVALUATED_KINDS)
 
 
 class ReplayRunner:
@@ -89,5 +119,4 @@ class ReplayRunner:
         engine = self.engines.get(sample["job"])
         if engine is None:
             engine = self.engines[sample["job"]] = JobEngine(sample["job"], self.cfg)
-        engine.ingest(sample)
-        return engine.advance()
+        return engine.ingest(sample) + engine.advance()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,3 +35,40 @@ def robust_z(matrix: Array, abs_floor: float,
     with np.errstate(invalid="ignore", divide="ignore"):
         z = (matrix - median) / scale
     return z, median, scale
+
+
+def robust_z_axis(values: Array, axis: int, abs_floor: float,
+                  rel_floor: float = 0.02) -> Array:
+    """Like ``robust_z`` but over any peer axis (e.g. the GPUs of each node)."""
+    median = np.expand_dims(nanmedian(values, axis=axis), axis)
+    mad = np.expand_dims(nanmedian(np.abs(values - median), axis=axis), axis) * MAD_TO_SIGMA
+    scale = np.fmax(mad, np.fmax(abs_floor, rel_floor * np.abs(median)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray((values - median) / scale, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Persistence:
+    """Rows that sit beyond ``threshold`` in one direction in ``need`` of the last ``of``
+    bins: ``flagged`` rows, their ``sign``, deviant-bin count ``hits``, offset of the
+    ``first`` deviant bin among the last ``of``, and the median deviant score ``score``."""
+
+    flagged: NDArray[np.bool_]
+    sign: Array
+    hits: NDArray[np.int64]
+    first: NDArray[np.int64]
+    score: Array
+
+
+def persistent(scores: Array, threshold: float, need: int, of: int) -> Persistence:
+    """Vectorised persistence test over the last axis (time bins); NaN never counts."""
+    recent = scores[..., -of:]
+    with np.errstate(invalid="ignore"):
+        up = np.sum(recent > threshold, axis=-1)
+        down = np.sum(recent < -threshold, axis=-1)
+        sign = np.where(up >= down, 1.0, -1.0)
+        deviant = (recent * sign[..., None]) > threshold
+    hits = np.maximum(up, down)
+    first = np.argmax(deviant, axis=-1)
+    score = nanmedian(np.where(deviant, recent, np.nan), axis=-1)
+    return Persistence(hits >= need, sign, hits, first, score)

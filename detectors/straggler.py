@@ -1,27 +1,38 @@
 """Straggler GPUs and nodes: the peers of a synchronous job should look alike.
 
 A slowed GPU keeps computing while its healthy peers wait at the barrier, so its
-activity, power and often its clock depart from theirs in a consistent direction.
-For every metric below, each bin's peers give a robust median and spread; a GPU is
-deviant in a bin when its robust z-score passes the threshold. A GPU that is
-deviant in the same direction in most recent bins, on at least two metrics, is a
-straggler; when most GPUs of one node are, the node is blamed instead. Whole-job
-changes (warm-up, checkpoints, evaluation) move the median, not one peer, and so
-never qualify.
+activity, power and clock depart from theirs in a consistent direction.
+
+- **GPU level**: each GPU is compared with the other GPUs *of its node*. They form
+  one tensor-parallel group (or data-parallel replicas), so they do the same work
+  whatever the pipeline stage of the node; a GPU that sits beyond the robust
+  z-threshold in the same direction in most recent bins, on at least two metrics,
+  is a straggler. MoE expert imbalance moves from GPU to GPU and fails the
+  persistence test.
+- **Node level**: each node's median GPU is compared with the other nodes. Nodes of
+  different pipeline stages legitimately differ, so every node has a learned
+  *offset* from the job median (slow moving average, frozen while the node is
+  flagged); a node is a straggler when it departs from its own offset, not from
+  the others. Whole-job phases (warm-up, checkpoints, evaluation) move the median,
+  not one node, and never qualify.
+
+Limitation: a node or GPU already slow when Vigil first sees the job is learned as
+that node's normal at node level (GPU level still sees a single slow GPU).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from contracts.catalog import GPU_METRICS
 from detectors.findings import Finding, fmt
-from detectors.robust import Array, robust_z
-from detectors.window import Entity, JobWindow
+from detectors.robust import Array, nanmedian, persistent, robust_z, robust_z_axis
+from detectors.window import WindowView
 
-# metric → absolute floor of the peer spread (its unit); noise below this is not evidence.
+# metric → absolute floor of the peer spread (its unit): noise below this is not evidence.
 STRAGGLER_METRICS: dict[str, float] = {
     "sm_active": 0.015,
     "tensor_active": 0.015,
@@ -29,8 +40,10 @@ STRAGGLER_METRICS: dict[str, float] = {
     "power": 10.0,
     "sm_clock": 25.0,
 }
-MIN_PEERS = 4
+MIN_GPU_PEERS = 4
+MIN_NODE_PEERS = 3
 MIN_METRICS = 2
+OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a node's normal offset adapts
 
 
 @dataclass(frozen=True)
@@ -38,106 +51,120 @@ class StragglerParams:
     """Thresholds: z-score, and how many of the latest bins must be deviant."""
 
     z: float = 4.0
-    need_bins: int = 3
-    of_bins: int = 4
+    need_bins: int = 4
+    of_bins: int = 6
 
 
 @dataclass
 class _Deviation:
     metric: str
-    z: float  # median signed z over the deviant bins
+    z: float
     value: float
-    peer_median: float
-    spread: float
-    bins: int
-    first: int  # offset of the first deviant bin among the recent ones
+    peer: float
+    first: int
 
 
-def _deviations(matrix: Array, floor: float,
-                p: StragglerParams) -> list[tuple[int, float, int, int]]:
-    """(row, median signed z, deviant bins, first deviant offset) for rows consistently off
-    in the recent bins."""
-    z, _, _ = robust_z(matrix, floor)
-    recent = z[:, -p.of_bins:]
-    found = []
-    for i in range(recent.shape[0]):
-        row = recent[i]
-        up = int(np.sum(row > p.z))
-        down = int(np.sum(row < -p.z))
-        hits = max(up, down)
-        if hits >= p.need_bins:
-            sign = 1.0 if up >= down else -1.0
-            deviant = (row * sign) > p.z
-            first = int(np.argmax(deviant))
-            found.append((i, float(np.median(row[deviant])), hits, first))
-    return found
+def find_stragglers(view: WindowView, p: StragglerParams,
+                    offsets: dict[str, dict[str, float]]) -> list[Finding]:
+    """GPU- and node-level straggler findings for the view's latest bins.
 
-
-def find_stragglers(window: JobWindow, bins: range, p: StragglerParams) -> list[Finding]:
-    """Straggler findings for the window's latest bins (GPU- or node-level)."""
-    if len(bins) < p.of_bins:
+    ``offsets`` (metric → node → learned offset) is updated in place: it is part of
+    the engine's persisted state.
+    """
+    if len(view.bins) < p.of_bins or not view.gpus:
         return []
-    entities = window.entities("g", bins)
-    if len(entities) < MIN_PEERS:
-        return []
-    mats = window.matrices("g", tuple(STRAGGLER_METRICS), entities, bins)
-    per_gpu: dict[Entity, list[_Deviation]] = {}
+    gpu_devs: dict[tuple[str, str], list[_Deviation]] = {}
+    node_devs: dict[str, list[_Deviation]] = {}
+    flagged_nodes: set[str] = set()
     for metric, floor in STRAGGLER_METRICS.items():
-        mat = mats[metric]
-        if np.count_nonzero(~np.isnan(mat[:, -1])) < MIN_PEERS:
+        cube = view.per_node(metric)  # nodes × slots × bins
+        _gpu_level(view, cube, metric, floor, p, gpu_devs)
+        _node_level(view, cube, metric, floor, p, offsets.setdefault(metric, {}), node_devs)
+    findings = []
+    for node, devs in sorted(node_devs.items()):
+        if len({d.metric for d in devs}) >= MIN_METRICS:
+            flagged_nodes.add(node)
+            findings.append(_finding(view, p, node, None, devs))
+    for (node, gpu), devs in sorted(gpu_devs.items()):
+        if node not in flagged_nodes and len({d.metric for d in devs}) >= MIN_METRICS:
+            findings.append(_finding(view, p, node, gpu, devs))
+    _learn_offsets(view, offsets, flagged_nodes)
+    return findings
+
+
+def _gpu_level(view: WindowView, cube: Array, metric: str, floor: float, p: StragglerParams,
+               out: dict[tuple[str, str], list[_Deviation]]) -> None:
+    peers = np.sum(~np.isnan(cube[:, :, -1]), axis=1)
+    z = robust_z_axis(cube, axis=1, abs_floor=floor)
+    test = persistent(z, p.z, p.need_bins, p.of_bins)
+    median = nanmedian(cube[:, :, -p.of_bins:], axis=1)  # nodes × recent bins
+    for n, slot in zip(*np.nonzero(test.flagged), strict=True):
+        if peers[n] < MIN_GPU_PEERS:
             continue
-        _, median, scale = robust_z(mat, floor)
-        for row, zval, hits, first in _deviations(mat, floor, p):
-            recent = mat[row, -p.of_bins:]
-            per_gpu.setdefault(entities[row], []).append(_Deviation(
-                metric, zval, float(np.nanmedian(recent)),
-                float(np.nanmedian(median[-p.of_bins:])),
-                float(np.nanmedian(scale[-p.of_bins:])), hits, first))
-    flagged = {e: d for e, d in per_gpu.items() if len(d) >= MIN_METRICS}
-    findings = []
-    for f in _blame(flagged, entities):
-        first = min(d["first"] for d in f.evidence["deviations"])
-        findings.append(replace(f, since=(bins[-1] - p.of_bins + 1 + first) * window.bin_seconds))
-    return findings
+        node, gpu = view.gpu_at(int(n), int(slot))
+        value = float(np.nanmedian(cube[n, slot, -p.of_bins:]))
+        out.setdefault((node, gpu), []).append(_Deviation(
+            metric, float(test.score[n, slot]), value, float(np.nanmedian(median[n])),
+            int(test.first[n, slot])))
 
 
-def _blame(flagged: dict[Entity, list[_Deviation]], entities: list[Entity]) -> list[Finding]:
-    gpus_per_node: dict[str, int] = {}
-    for node, _ in entities:
-        gpus_per_node[node] = gpus_per_node.get(node, 0) + 1
-    by_node: dict[str, list[Entity]] = {}
-    for entity in flagged:
-        by_node.setdefault(entity[0], []).append(entity)
-    findings = []
-    for node, members in sorted(by_node.items()):
-        total = gpus_per_node[node]
-        if total > 1 and len(members) >= max(2, (total + 1) // 2):
-            devs = [d for e in members for d in flagged[e]]
-            findings.append(_finding(node, None, devs, [e[1] for e in members], total))
-        else:
-            findings.extend(_finding(node, e[1], flagged[e], [e[1]], total) for e in members)
-    return findings
+def _node_residuals(view: WindowView, cube: Array) -> tuple[Array, Array]:
+    node_value = nanmedian(cube, axis=1)  # nodes × bins
+    return node_value, node_value - nanmedian(node_value, axis=0)
 
 
-def _finding(node: str, gpu: str | None, devs: list[_Deviation], gpus: list[str],
-             node_gpus: int) -> Finding:
-    devs = sorted(devs, key=lambda d: -abs(d.z))
+def _node_level(view: WindowView, cube: Array, metric: str, floor: float, p: StragglerParams,
+                offsets: dict[str, float], out: dict[str, list[_Deviation]]) -> None:
+    if len(view.nodes) < MIN_NODE_PEERS:
+        return
+    node_value, residual = _node_residuals(view, cube)
+    learned = np.array([offsets.get(n, np.nan) for n in view.nodes])
+    known = ~np.isnan(learned)
+    if np.count_nonzero(known) < MIN_NODE_PEERS:
+        return
+    shifted = np.where(known[:, None], residual - learned[:, None], np.nan)
+    z, _, _ = robust_z(shifted, floor)
+    test = persistent(z, p.z, p.need_bins, p.of_bins)
+    for n in np.nonzero(test.flagged)[0]:
+        peer = float(np.nanmedian(node_value[:, -p.of_bins:] - residual[:, -p.of_bins:]))
+        out.setdefault(view.nodes[n], []).append(_Deviation(
+            metric, float(test.score[n]), float(np.nanmedian(node_value[n, -p.of_bins:])),
+            peer + float(learned[n]), int(test.first[n])))
+
+
+def _learn_offsets(view: WindowView, offsets: dict[str, dict[str, float]],
+                   frozen: set[str]) -> None:
+    alpha = min(1.0, view.bin_seconds / OFFSET_TIME_CONSTANT)
+    for metric in STRAGGLER_METRICS:
+        _, residual = _node_residuals(view, view.per_node(metric))
+        latest = residual[:, -1]
+        table = offsets.setdefault(metric, {})
+        for n, node in enumerate(view.nodes):
+            r = float(latest[n])
+            if np.isnan(r) or node in frozen:
+                continue
+            table[node] = r if node not in table else table[node] + alpha * (r - table[node])
+        if len(table) > 4 * max(1, len(view.nodes)):  # forget nodes that left the job
+            for node in [k for k in table if k not in set(view.nodes)]:
+                del table[node]
+
+
+def _finding(view: WindowView, p: StragglerParams, node: str, gpu: str | None,
+             devs: list[_Deviation]) -> Finding:
     strongest: dict[str, _Deviation] = {}
-    for d in devs:
+    for d in sorted(devs, key=lambda d: -abs(d.z)):
         strongest.setdefault(d.metric, d)
-    metrics = tuple(strongest)
-    score = float(np.median([abs(d.z) for d in strongest.values()]))
-    top = list(strongest.values())[:2]
+    top = list(strongest.values())
+    score = float(np.median([abs(d.z) for d in top]))
     detail = ", ".join(f"{d.metric} {fmt(d.value, GPU_METRICS[d.metric].unit)} vs peers' "
-                       f"{fmt(d.peer_median, GPU_METRICS[d.metric].unit)}" for d in top)
-    who = (f"GPU {gpu} on {node}" if gpu is not None
-           else f"Node {node} ({len(gpus)}/{node_gpus} GPUs)")
-    summary = f"{who} is out of step with its peers: {detail}."
-    evidence = {
-        "gpus": gpus,
+                       f"{fmt(d.peer, GPU_METRICS[d.metric].unit)}" for d in top[:2])
+    who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"
+    peers = "the other GPUs of its node" if gpu is not None else "the job's other nodes"
+    evidence: dict[str, Any] = {
+        "peers": peers,
         "deviations": [{"metric": d.metric, "value": round(d.value, 4),
-                        "peer_median": round(d.peer_median, 4), "spread": round(d.spread, 4),
-                        "z": round(d.z, 2), "bins": d.bins, "first": d.first}
-                       for d in strongest.values()],
+                        "peer_median": round(d.peer, 4), "z": round(d.z, 2)} for d in top],
     }
-    return Finding("straggler", node, gpu, "warning", metrics, score, summary, 0.0, evidence)
+    since = view.bin_start(min(d.first for d in top), p.of_bins)
+    return Finding("straggler", node, gpu, "warning", tuple(strongest), score,
+                   f"{who} is out of step with {peers}: {detail}.", since, evidence)

@@ -12,11 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from contracts.catalog import GPU_METRICS, NIC_METRICS, Kind
+from contracts.catalog import GPU_METRICS, NIC_METRICS
 from detectors.robust import Array
 
-WINDOW_GPU_METRICS = tuple(m for m, spec in GPU_METRICS.items() if spec.kind is not Kind.STATE)
-WINDOW_NIC_METRICS = tuple(m for m, spec in NIC_METRICS.items() if spec.kind is not Kind.STATE)
+# Codes and bitmasks have no meaningful mean: the health detector reads them per sample.
+PER_SAMPLE_ONLY = {"xid", "throttle"}
+WINDOW_GPU_METRICS = tuple(m for m in GPU_METRICS if m not in PER_SAMPLE_ONLY)
+WINDOW_NIC_METRICS = tuple(NIC_METRICS)
 
 Entity = tuple[str, str]  # (node, gpu index or NIC name)
 
@@ -92,3 +94,52 @@ class JobWindow:
 
 def _device_order(dev: str) -> tuple[int, str]:
     return (int(dev), "") if dev.isdigit() else (1 << 30, dev)
+
+
+class WindowView:
+    """One evaluation's arrays: every windowed metric for every GPU and NIC, built once.
+
+    ``gpu(m)`` is (GPUs × bins); ``per_node(m)`` is (nodes × GPU slots × bins), NaN
+    padded, for comparing the GPUs of each node with each other.
+    """
+
+    def __init__(self, window: JobWindow, bins: range) -> None:
+        self.bins = bins
+        self.bin_seconds = window.bin_seconds
+        self.gpus = window.entities("g", bins)
+        self.nics = window.entities("n", bins)
+        self.nodes = sorted({n for n, _ in self.gpus} | {n for n, _ in self.nics})
+        self._gpu = window.matrices("g", WINDOW_GPU_METRICS, self.gpus, bins)
+        self._nic = window.matrices("n", WINDOW_NIC_METRICS, self.nics, bins)
+        node_of = {n: i for i, n in enumerate(self.nodes)}
+        slots: dict[str, int] = {}
+        self._node_idx = np.empty(len(self.gpus), dtype=np.int64)
+        self._slot_idx = np.empty(len(self.gpus), dtype=np.int64)
+        for i, (node, _) in enumerate(self.gpus):
+            self._node_idx[i] = node_of[node]
+            self._slot_idx[i] = slots.get(node, 0)
+            slots[node] = self._slot_idx[i] + 1
+        self.max_slots = max(slots.values(), default=0)
+
+    def gpu(self, metric: str) -> Array:
+        """(GPUs × bins) means of one GPU metric."""
+        return self._gpu[metric]
+
+    def nic(self, metric: str) -> Array:
+        """(NICs × bins) means of one NIC metric."""
+        return self._nic[metric]
+
+    def per_node(self, metric: str) -> Array:
+        """(nodes × GPU slots × bins) means of one GPU metric, NaN padded."""
+        out = np.full((len(self.nodes), self.max_slots, len(self.bins)), np.nan)
+        out[self._node_idx, self._slot_idx] = self._gpu[metric]
+        return out
+
+    def gpu_at(self, node_index: int, slot: int) -> Entity:
+        """The (node, gpu) entity at a position of ``per_node`` arrays."""
+        mask = (self._node_idx == node_index) & (self._slot_idx == slot)
+        return self.gpus[int(np.argmax(mask))]
+
+    def bin_start(self, offset_from_end: int, of: int) -> float:
+        """Event time at which bin ``offset_from_end`` of the last ``of`` bins begins."""
+        return (self.bins[-1] - of + 1 + offset_from_end) * self.bin_seconds

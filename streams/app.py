@@ -81,10 +81,11 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
             key = job.encode()
             engine = JobEngine(job, cfg.detect, engines.get(key))
             late_before = engine.late
+            found = []
             for sample in sorted(job_samples, key=lambda s: s["ts"]):
-                engine.ingest(sample)
+                found.extend(engine.ingest(sample))
             metrics.late.inc(engine.late - late_before)
-            for det in engine.advance():
+            for det in found + engine.advance():
                 metrics.detections.labels(det["kind"], det["state"]).inc()
                 await detections.send(key=key, value=encode_detection(det))
             engines[key] = engine.to_state()

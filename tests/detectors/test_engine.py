@@ -89,8 +89,7 @@ def test_restarting_from_state_gives_identical_detections() -> None:
         if engine is None or i % 97 == 0:  # restart from a JSON round trip, often
             state = json.loads(json.dumps(engine.to_state())) if engine else None
             engine = JobEngine(s["job"], CFG, state)
-        engine.ingest(s)
-        resumed.extend(engine.advance())
+        resumed.extend(engine.ingest(s) + engine.advance())
     assert resumed == straight and straight
 
 
@@ -101,8 +100,10 @@ def test_late_samples_are_counted_not_used() -> None:
         engine.ingest(s)
         engine.advance()
     old = dict(samples[0], ts=samples[0]["ts"])
-    assert engine.ingest(old) is False
+    window_before = json.dumps(engine.window.to_state(), sort_keys=True)
+    assert engine.ingest(old) == []
     assert engine.late == 1
+    assert json.dumps(engine.window.to_state(), sort_keys=True) == window_before
 
 
 def test_out_of_order_within_grace_gives_same_result() -> None:
@@ -128,7 +129,13 @@ def test_degenerate_inputs_do_not_crash_or_accuse(mutate: str) -> None:
         elif mutate == "nan_free_empty":
             s["gpus"] = {}
         out.append(s)
-    assert _run(iter(out)) == []
+    dets = _run(iter(out))
+    if mutate == "drop_gpu":  # a GPU that stops answering is a health incident, nothing else
+        assert {(d["kind"], d["node"], d["gpu"]) for d in dets} == {
+            ("gpu_health", "n0", "2"), ("gpu_health", "n1", "2")}
+        assert all("stopped answering" in d["summary"] for d in dets)
+    else:
+        assert dets == []
 
 
 def test_tracker_persistence_and_hysteresis() -> None:

@@ -1,0 +1,72 @@
+"""Job hangs: every GPU stopped making progress while still "busy".
+
+A job stuck in a collective keeps one NCCL kernel spinning on a handful of SMs:
+NVML utilisation reads 100 %, SM activity about 1/SM-count, memory stays
+allocated and NVLink/InfiniBand carry nothing. A checkpoint or evaluation pause
+differs: utilisation drops (no kernel running) or SM activity stays well above
+the spin level. A hang is declared when that signature covers nearly all GPUs
+for ``seconds`` of consecutive bins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from detectors.findings import Finding, fmt
+from detectors.robust import nanmedian
+from detectors.window import WindowView
+
+SPIN_SM_ACTIVE = 0.03  # at most a few SMs busy
+SPIN_UTIL = 0.5  # yet a kernel is resident most of the time
+QUIET_NVLINK = 1e9  # bytes/s
+QUIET_IB = 1e8  # bytes/s
+ALLOCATED = 1 << 30  # bytes of device memory still held
+SHARE = 0.9  # of the job's GPUs
+
+
+@dataclass(frozen=True)
+class HangParams:
+    """How long the signature must last."""
+
+    seconds: float = 20.0
+
+
+def hung_bins(view: WindowView) -> np.ndarray:
+    """Boolean per bin: the job shows the hang signature."""
+    sm, util = view.gpu("sm_active"), view.gpu("gpu_util")
+    mem, nvl = view.gpu("mem_used"), view.gpu("nvlink_tx")
+    reporting = ~np.isnan(sm)
+    with np.errstate(invalid="ignore"):
+        spinning = (sm < SPIN_SM_ACTIVE) & (util > SPIN_UTIL) & ~(mem < ALLOCATED)
+    count = np.sum(reporting, axis=0)
+    share = np.where(count > 0, np.sum(spinning & reporting, axis=0) / np.maximum(count, 1), 0)
+    quiet_nvl = ~(nanmedian(nvl, axis=0) > QUIET_NVLINK)
+    ib = view.nic("ib_tx") if view.nics else np.full((1, len(view.bins)), np.nan)
+    quiet_ib = ~(nanmedian(ib, axis=0) > QUIET_IB)
+    return np.asarray((share >= SHARE) & quiet_nvl & quiet_ib & (count >= 2))
+
+
+def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
+    """A job-level finding when the latest bins all show the hang signature."""
+    need = max(1, int(np.ceil(p.seconds / view.bin_seconds)))
+    if len(view.bins) < need or not view.gpus:
+        return []
+    hung = hung_bins(view)
+    if not hung[-need:].all():
+        return []
+    run = need
+    while run < len(hung) and hung[-run - 1]:
+        run += 1
+    since = view.bin_start(0, run)
+    sm = float(np.nanmedian(view.gpu("sm_active")[:, -need:]))
+    util = float(np.nanmedian(view.gpu("gpu_util")[:, -need:]))
+    summary = (f"Job appears hung: all {len(view.gpus)} GPUs spin at SM activity "
+               f"{fmt(sm, 'ratio')} with utilisation {fmt(util, 'ratio')} and no NVLink or "
+               f"InfiniBand traffic for {run * view.bin_seconds:.0f}s (a stuck collective).")
+    return [Finding("hang", None, None, "critical", ("sm_active", "gpu_util", "nvlink_tx", "ib_tx"),
+                    float(run * view.bin_seconds), summary, since,
+                    {"sm_active_median": round(sm, 4), "gpu_util_median": round(util, 4),
+                     "gpus": len(view.gpus), "hung_seconds": run * view.bin_seconds},
+                    fire_after=1)]

@@ -1,0 +1,124 @@
+"""Link health: PCIe, NVLink and InfiniBand links that are worse than their peers'.
+
+- PCIe generation or width below the job's typical value, judged only in bins
+  where the GPU is under load (idle links legitimately drop to a lower generation).
+- NVLink throughput well below the other GPUs of the node while they communicate.
+- InfiniBand: a port rate below its peers', error counters that keep rising, and
+  transmit back-pressure (``ib_xmit_wait``) unlike the other ports of the job.
+
+All causes on one GPU (or one node, for NICs) merge into one finding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from detectors.findings import Finding, fmt
+from detectors.robust import nanmedian, persistent, robust_z, robust_z_axis
+from detectors.window import WindowView
+
+LOADED_SM_ACTIVE = 0.2
+COMMUNICATING_NVLINK = 1e9  # bytes/s: the node's median GPU is moving data
+
+
+@dataclass(frozen=True)
+class LinkParams:
+    """Thresholds shared by the link checks."""
+
+    z: float = 4.0
+    need_bins: int = 3
+    of_bins: int = 4
+    errors_per_window: float = 10.0  # rise of ib_errors over the last ``of_bins`` bins
+
+
+def find_link_faults(view: WindowView, p: LinkParams) -> list[Finding]:
+    """link_health findings, one per GPU or node."""
+    if len(view.bins) < p.of_bins:
+        return []
+    causes: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    _pcie(view, p, causes)
+    _nvlink(view, p, causes)
+    _infiniband(view, p, causes)
+    findings = []
+    for (node, gpu), found in sorted(causes.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        metrics = tuple(dict.fromkeys(c["metric"] for c in found))
+        what = "; ".join(c["text"] for c in found)
+        who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"
+        since = view.bin_start(min(c["first"] for c in found), p.of_bins)
+        findings.append(Finding("link_health", node, gpu, "warning", metrics,
+                                max(c["score"] for c in found), f"{who}: {what}.", since,
+                                {"causes": [{k: v for k, v in c.items() if k != "text"}
+                                            for c in found]}))
+    return findings
+
+
+def _add(causes: dict[tuple[str, str | None], list[dict[str, Any]]], key: tuple[str, str | None],
+         **cause: Any) -> None:
+    causes.setdefault(key, []).append(cause)
+
+
+def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
+    with np.errstate(invalid="ignore"):
+        loaded = view.gpu("sm_active") > LOADED_SM_ACTIVE
+    for metric in ("pcie_gen", "pcie_width"):
+        values = np.where(loaded, view.gpu(metric), np.nan)
+        typical = nanmedian(values, axis=0)
+        with np.errstate(invalid="ignore"):
+            low = (values < typical - 0.5)[:, -p.of_bins:]
+        for i in np.nonzero(np.sum(low, axis=1) >= p.need_bins)[0]:
+            node, gpu = view.gpus[i]
+            value = float(np.nanmedian(values[i, -p.of_bins:]))
+            peer = float(np.nanmedian(typical[-p.of_bins:]))
+            _add(causes, (node, gpu), metric=metric, value=value, peer_median=peer,
+                 score=peer - value, first=int(np.argmax(low[i])),
+                 text=f"PCIe {'generation' if metric == 'pcie_gen' else 'width'} "
+                      f"{value:.0f} under load vs peers' {peer:.0f}")
+
+
+def _nvlink(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
+    cube = view.per_node("nvlink_tx")
+    busy = nanmedian(cube, axis=1) > COMMUNICATING_NVLINK  # nodes × bins
+    z = robust_z_axis(cube, axis=1, abs_floor=COMMUNICATING_NVLINK / 10, rel_floor=0.05)
+    z = np.where(busy[:, None, :], z, np.nan)
+    test = persistent(z, p.z, p.need_bins, p.of_bins)
+    for n, slot in zip(*np.nonzero(test.flagged & (test.sign < 0)), strict=True):
+        node, gpu = view.gpu_at(int(n), int(slot))
+        value = float(np.nanmedian(cube[n, slot, -p.of_bins:]))
+        peer = float(np.nanmedian(cube[n, :, -p.of_bins:]))
+        _add(causes, (node, gpu), metric="nvlink_tx", value=value, peer_median=peer,
+             score=float(-test.score[n, slot]), first=int(test.first[n, slot]),
+             text=f"NVLink moves {fmt(value, 'bytes/s')} vs node peers' {fmt(peer, 'bytes/s')}")
+
+
+def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
+    if len(view.nics) < 2:
+        return
+    rate = view.nic("ib_rate")
+    typical = nanmedian(rate, axis=0)
+    with np.errstate(invalid="ignore"):
+        low = (rate < typical - 0.5)[:, -p.of_bins:]
+    errors = view.nic("ib_errors")[:, -p.of_bins:]
+    rise = np.nanmax(errors, axis=1, initial=-np.inf) - np.nanmin(errors, axis=1, initial=np.inf)
+    wait = np.log10(1.0 + view.nic("ib_xmit_wait"))
+    wait_z, _, _ = robust_z(wait, abs_floor=0.25)
+    waits = persistent(wait_z, p.z, p.need_bins, p.of_bins)
+    for i, (node, nic) in enumerate(view.nics):
+        if np.sum(low[i]) >= p.need_bins:
+            value, peer = float(np.nanmedian(rate[i, -p.of_bins:])), float(np.nanmedian(typical))
+            _add(causes, (node, None), metric="ib_rate", nic=nic, value=value, peer_median=peer,
+                 score=peer / max(value, 1.0), first=int(np.argmax(low[i])),
+                 text=f"{nic} runs at {value:.0f} Gb/s vs peers' {peer:.0f} Gb/s")
+        if np.isfinite(rise[i]) and rise[i] >= p.errors_per_window:
+            _add(causes, (node, None), metric="ib_errors", nic=nic, value=float(rise[i]),
+                 score=float(rise[i]), first=0,
+                 text=f"{nic} error counters rose by {rise[i]:.0f} in "
+                      f"{p.of_bins * view.bin_seconds:.0f}s")
+        if waits.flagged[i] and waits.sign[i] > 0:
+            value = float(np.nanmedian(view.nic("ib_xmit_wait")[i, -p.of_bins:]))
+            peer = float(np.nanmedian(view.nic("ib_xmit_wait")[:, -p.of_bins:]))
+            _add(causes, (node, None), metric="ib_xmit_wait", nic=nic, value=value,
+                 peer_median=peer, score=float(waits.score[i]), first=int(waits.first[i]),
+                 text=f"{nic} transmit back-pressure {fmt(value)} ticks/s vs peers' {fmt(peer)}")
