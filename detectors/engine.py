@@ -40,7 +40,7 @@ class JobEngine:
         self.health = HealthMonitor(HealthParams(cfg.throttle_seconds, cfg.missing_gpu_seconds,
                                                  cfg.silent_seconds, cfg.health_hold_seconds),
                                     state.get("health"))
-        self.offsets: dict[str, dict[str, float]] = state.get("offsets", {})
+        self.peer_memory: dict[str, Any] = state.get("peer_memory", {})
         self.max_ts: float | None = state.get("max_ts")
         self.next_bin: int | None = state.get("next_bin")
         self.late: int = state.get("late", 0)
@@ -54,7 +54,7 @@ class JobEngine:
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: window, health, open conditions, watermark bookkeeping."""
         return {"window": self.window.to_state(), "incidents": self.tracker.to_state(),
-                "health": self.health.to_state(), "offsets": self.offsets,
+                "health": self.health.to_state(), "peer_memory": self.peer_memory,
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 
     def ingest(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
@@ -97,7 +97,7 @@ class JobEngine:
         found = [*health, *silent, *hang, *find_link_faults(view, self.links),
                  *find_network_bound(view, self.network)]
         if not hang:  # a hung job's GPUs are idle together: no one is out of step
-            found.extend(find_stragglers(view, self.straggler, self.offsets))
+            found.extend(find_stragglers(view, self.straggler, self.peer_memory))
         return found
 
     def _evaluate(self, last_bin: int) -> list[dict[str, Any]]:

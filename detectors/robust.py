@@ -14,10 +14,22 @@ Array = NDArray[np.float64]
 
 
 def nanmedian(values: Array, axis: int) -> Array:
-    """Median ignoring NaN; all-NaN slices give NaN without a warning."""
+    """Median ignoring NaN along ``axis``; all-NaN slices give NaN.
+
+    Sort-based (NaN sorts last): numpy's own ``nanmedian`` goes through masked
+    arrays for small inputs and costs ~100x more on the detectors' peer groups.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape[axis] == 0:
+        return np.full(np.delete(values.shape, axis), np.nan)
+    ordered = np.sort(values, axis=axis)
+    count = np.sum(~np.isnan(ordered), axis=axis, keepdims=True)
+    low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0), axis=axis)
+    high = np.take_along_axis(ordered, np.maximum(count // 2, 0), axis=axis)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.asarray(np.nanmedian(values, axis=axis), dtype=np.float64)
+        median = np.where(count > 0, (low + high) / 2, np.nan)
+    return np.squeeze(median, axis=axis)
 
 
 def robust_z(matrix: Array, abs_floor: float,

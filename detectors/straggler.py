@@ -13,8 +13,9 @@ activity, power and clock depart from theirs in a consistent direction.
   different pipeline stages legitimately differ, so every node has a learned
   *offset* from the job median (slow moving average, frozen while the node is
   flagged); a node is a straggler when it departs from its own offset, not from
-  the others. Whole-job phases (warm-up, checkpoints, evaluation) move the median,
-  not one node, and never qualify.
+  the others. Offsets belong to the job's steady phase: while the job median is
+  away from its recent level (warm-up, checkpoints, evaluation, where stages stop
+  differing) node-level comparison pauses and nothing is learned.
 
 Limitation: a node or GPU already slow when Vigil first sees the job is learned as
 that node's normal at node level (GPU level still sees a single slow GPU).
@@ -44,6 +45,9 @@ MIN_GPU_PEERS = 4
 MIN_NODE_PEERS = 3
 MIN_METRICS = 2
 OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a node's normal offset adapts
+OFFSET_WARMUP_UPDATES = 24  # plain running mean until a node has this many updates
+LEVEL_TIME_CONSTANT = 60.0  # seconds: the job's recent level of each metric
+STEADY_TOLERANCE = 0.15  # job median within this share of its recent level = steady
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,11 @@ class _Deviation:
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
-                    offsets: dict[str, dict[str, float]]) -> list[Finding]:
+                    memory: dict[str, Any]) -> list[Finding]:
     """GPU- and node-level straggler findings for the view's latest bins.
 
-    ``offsets`` (metric → node → learned offset) is updated in place: it is part of
+    ``memory`` holds what the node level learns (offsets, update counts, the job's
+    recent level and which bins were steady); it is updated in place and is part of
     the engine's persisted state.
     """
     if len(view.bins) < p.of_bins or not view.gpus:
@@ -79,7 +84,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     for metric, floor in STRAGGLER_METRICS.items():
         cube = view.per_node(metric)  # nodes × slots × bins
         _gpu_level(view, cube, metric, floor, p, gpu_devs)
-        _node_level(view, cube, metric, floor, p, offsets.setdefault(metric, {}), node_devs)
+        _node_level(view, cube, metric, floor, p, memory, node_devs)
     findings = []
     for node, devs in sorted(node_devs.items()):
         if len({d.metric for d in devs}) >= MIN_METRICS:
@@ -88,7 +93,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     for (node, gpu), devs in sorted(gpu_devs.items()):
         if node not in flagged_nodes and len({d.metric for d in devs}) >= MIN_METRICS:
             findings.append(_finding(view, p, node, gpu, devs))
-    _learn_offsets(view, offsets, flagged_nodes)
+    _learn(view, memory, flagged_nodes)
     return findings
 
 
@@ -114,15 +119,18 @@ def _node_residuals(view: WindowView, cube: Array) -> tuple[Array, Array]:
 
 
 def _node_level(view: WindowView, cube: Array, metric: str, floor: float, p: StragglerParams,
-                offsets: dict[str, float], out: dict[str, list[_Deviation]]) -> None:
+                memory: dict[str, Any], out: dict[str, list[_Deviation]]) -> None:
     if len(view.nodes) < MIN_NODE_PEERS:
         return
+    offsets = memory.get("offsets", {}).get(metric, {})
+    steady = set(memory.get("steady", []))
     node_value, residual = _node_residuals(view, cube)
     learned = np.array([offsets.get(n, np.nan) for n in view.nodes])
     known = ~np.isnan(learned)
     if np.count_nonzero(known) < MIN_NODE_PEERS:
         return
-    shifted = np.where(known[:, None], residual - learned[:, None], np.nan)
+    in_phase = np.array([b in steady for b in view.bins])
+    shifted = np.where(known[:, None] & in_phase[None, :], residual - learned[:, None], np.nan)
     z, _, _ = robust_z(shifted, floor)
     test = persistent(z, p.z, p.need_bins, p.of_bins)
     for n in np.nonzero(test.flagged)[0]:
@@ -132,21 +140,45 @@ def _node_level(view: WindowView, cube: Array, metric: str, floor: float, p: Str
             peer + float(learned[n]), int(test.first[n])))
 
 
-def _learn_offsets(view: WindowView, offsets: dict[str, dict[str, float]],
-                   frozen: set[str]) -> None:
-    alpha = min(1.0, view.bin_seconds / OFFSET_TIME_CONSTANT)
+def _learn(view: WindowView, memory: dict[str, Any], frozen: set[str]) -> None:
+    """Update the job's recent level; in a steady bin, also the node offsets."""
+    last = view.bins[-1]
+    levels: dict[str, float] = memory.setdefault("level", {})
+    steady_now = True
+    cubes = {m: view.per_node(m) for m in STRAGGLER_METRICS}
+    for metric, floor in STRAGGLER_METRICS.items():
+        job_median = float(nanmedian(cubes[metric][:, :, -1].ravel(), axis=0))
+        if np.isnan(job_median):
+            steady_now = False
+            continue
+        level = levels.get(metric, job_median)
+        if abs(job_median - level) > max(STEADY_TOLERANCE * abs(level), 2 * floor):
+            steady_now = False
+        a = min(1.0, view.bin_seconds / LEVEL_TIME_CONSTANT)
+        levels[metric] = level + a * (job_median - level)
+    steady = [b for b in memory.get("steady", []) if b > last - len(view.bins)]
+    memory["steady"] = [*steady, last] if steady_now else steady
+    if not steady_now:
+        return
+    counts: dict[str, int] = memory.setdefault("updates", {})
     for metric in STRAGGLER_METRICS:
-        _, residual = _node_residuals(view, view.per_node(metric))
-        latest = residual[:, -1]
-        table = offsets.setdefault(metric, {})
+        _, residual = _node_residuals(view, cubes[metric])
+        table = memory.setdefault("offsets", {}).setdefault(metric, {})
         for n, node in enumerate(view.nodes):
-            r = float(latest[n])
+            r = float(residual[n, -1])
             if np.isnan(r) or node in frozen:
                 continue
-            table[node] = r if node not in table else table[node] + alpha * (r - table[node])
-        if len(table) > 4 * max(1, len(view.nodes)):  # forget nodes that left the job
-            for node in [k for k in table if k not in set(view.nodes)]:
-                del table[node]
+            seen = counts.get(f"{metric}|{node}", 0) + 1
+            counts[f"{metric}|{node}"] = seen
+            a = max(1.0 / seen if seen <= OFFSET_WARMUP_UPDATES else 0.0,
+                    min(1.0, view.bin_seconds / OFFSET_TIME_CONSTANT))
+            table[node] = r if node not in table else table[node] + a * (r - table[node])
+    current = set(view.nodes)
+    for table in memory.get("offsets", {}).values():  # forget nodes that left the job
+        for node in [k for k in table if k not in current]:
+            del table[node]
+    for key in [k for k in counts if k.split("|", 1)[1] not in current]:
+        del counts[key]
 
 
 def _finding(view: WindowView, p: StragglerParams, node: str, gpu: str | None,

@@ -19,16 +19,23 @@ from detectors.robust import Array
 PER_SAMPLE_ONLY = {"xid", "throttle"}
 WINDOW_GPU_METRICS = tuple(m for m in GPU_METRICS if m not in PER_SAMPLE_ONLY)
 WINDOW_NIC_METRICS = tuple(NIC_METRICS)
+# Link states keep the bin's best reading: a link that idles down to save power is back
+# at full speed whenever it carries traffic, a degraded one never is.
+BIN_MAX_METRICS = frozenset({"pcie_gen", "pcie_width", "ib_rate"})
 
 Entity = tuple[str, str]  # (node, gpu index or NIC name)
 
 
 class JobWindow:
-    """Binned readings of one job; ``bins[b][node]['g'|'n'][dev][metric] = [sum, count]``."""
+    """Binned readings of one job; ``bins[b][node]['g'|'n'][dev][metric] = [sum, count]``
+    (``[max, 1]`` for ``BIN_MAX_METRICS``), so ``sum / count`` is the bin's value."""
 
     def __init__(self, bin_seconds: float, state: dict[str, Any] | None = None) -> None:
         self.bin_seconds = bin_seconds
         self.bins: dict[str, dict[str, Any]] = (state or {}).get("bins", {})
+        # (section, bin) → (entities, metric → column): sealed bins never change, so their
+        # columns are built once. Derived data: not part of the persisted state.
+        self._columns: dict[tuple[str, int], tuple[list[Entity], dict[str, Array]]] = {}
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state for a table or a checkpoint."""
@@ -53,6 +60,8 @@ class JobWindow:
                         pair = acc.get(name)
                         if pair is None:
                             acc[name] = [float(value), 1]
+                        elif name in BIN_MAX_METRICS:
+                            pair[0] = max(pair[0], value)
                         else:
                             pair[0] += value
                             pair[1] += 1
@@ -61,6 +70,8 @@ class JobWindow:
         """Forget bins older than ``first_bin`` (bounded memory)."""
         for key in [k for k in self.bins if int(k) < first_bin]:
             del self.bins[key]
+        for cached in [k for k in self._columns if k[1] < first_bin]:
+            del self._columns[cached]
 
     def entities(self, section: str, bins: range) -> list[Entity]:
         """Every (node, device) seen in ``bins``, sorted for determinism."""
@@ -76,20 +87,36 @@ class JobWindow:
 
     def matrices(self, section: str, metrics: tuple[str, ...], entities: list[Entity],
                  bins: range) -> dict[str, Array]:
-        """Metric → (entities × bins) means, built in one pass; NaN where nothing was read."""
+        """Metric → (entities × bins) means; NaN where nothing was read.
+
+        Call only for bins that are sealed (evaluated): their columns are cached.
+        """
         out = {m: np.full((len(entities), len(bins)), np.nan) for m in metrics}
-        row = {e: i for i, e in enumerate(entities)}
         for j, b in enumerate(bins):
-            for node, data in self.bins.get(str(b), {}).items():
-                for dev, readings in data[section].items():
-                    i = row.get((node, dev))
-                    if i is None:
-                        continue
-                    for metric, pair in readings.items():
-                        target = out.get(metric)
-                        if target is not None:
-                            target[i, j] = pair[0] / pair[1]
+            cached = self._columns.get((section, b))
+            if cached is None or cached[0] != entities:
+                cached = (entities, self._column(section, b, entities))
+                self._columns[(section, b)] = cached
+            for m in metrics:
+                column = cached[1].get(m)
+                if column is not None:
+                    out[m][:, j] = column
         return out
+
+    def _column(self, section: str, b: int, entities: list[Entity]) -> dict[str, Array]:
+        row = {e: i for i, e in enumerate(entities)}
+        columns: dict[str, Array] = {}
+        for node, data in self.bins.get(str(b), {}).items():
+            for dev, readings in data[section].items():
+                i = row.get((node, dev))
+                if i is None:
+                    continue
+                for metric, pair in readings.items():
+                    column = columns.get(metric)
+                    if column is None:
+                        column = columns[metric] = np.full(len(entities), np.nan)
+                    column[i] = pair[0] / pair[1]
+        return columns
 
 
 def _device_order(dev: str) -> tuple[int, str]:

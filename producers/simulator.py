@@ -178,12 +178,12 @@ class Simulator:
         event = self._event(job, t)
         comm = job.comm_seconds * rng.gauss(1.0, 0.01)
         if job.kind == "moe":
-            comm *= 4.0 if "network_phase" in kinds else 1.5
+            comm *= 8.0 if "network_phase" in kinds else 1.5
         if "nvlink_degraded" in kinds:
             comm *= 1.4
         if "nic_degraded" in kinds:
             comm *= 1.6
-        if job.kind == "moe" and (job.name not in self._moe_hot or rng.random() < 0.1):
+        if job.kind == "moe" and (job.name not in self._moe_hot or rng.random() < 0.5):
             node = rng.choice(job.nodes)
             self._moe_hot[job.name] = (node, str(rng.randrange(job.gpus_per_node)))
         compute: dict[tuple[str, str], float] = {}

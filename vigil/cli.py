@@ -66,6 +66,15 @@ def _alerts(cfg: Config, args: argparse.Namespace) -> int:
     return alerts(cfg, args)
 
 
+def _bench(cfg: Config, args: argparse.Namespace) -> int:
+    if args.what == "detect":
+        from vigil import benchdetect
+        sizes = tuple(int(x) for x in args.sizes.split(","))
+        seeds = tuple(int(x) for x in args.seeds.split(","))
+        return benchdetect.main(sizes, seeds, args.json, args.verbose_results)
+    raise AssertionError(args.what)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand and its flags."""
     parser = argparse.ArgumentParser(prog="vigil", description=__doc__)
@@ -100,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="-", help="detections output (default stdout)")
 
     add("worker", _worker, "run the Faust stream worker")
+
+    bench = add("bench", _bench, "measure detection quality against the static-rules baseline")
+    bench.add_argument("what", choices=["detect"])
+    bench.add_argument("--sizes", default="2,4,8,16,32,64", help="job sizes in nodes")
+    bench.add_argument("--seeds", default="1,2")
+    bench.add_argument("--json", help="also write the figures here")
+    bench.add_argument("--list", dest="verbose_results", action="store_true",
+                       help="list every miss and false alarm")
 
     al = add("alerter", _alerter, "consume detections into Redis live state")
     al.add_argument("--max-seconds", type=float, default=None, help="stop after this long")

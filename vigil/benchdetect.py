@@ -1,0 +1,156 @@
+"""`vigil bench detect`: precision, recall, F1 and delay per kind on the scenario suite,
+for Vigil's detectors and for the static-rules baseline on the same traces."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts.config import DetectConfig
+from detectors.baseline import StaticRules
+from detectors.engine import ReplayRunner
+from producers.simulator import FAULT_KINDS, JOB_LEVEL_FAULTS, NODE_LEVEL_FAULTS, Simulator
+from vigil.scenarios import Scenario, suite
+
+SKEW_TOLERANCE = 10.0  # detections may carry node clocks a few seconds early
+KINDS = ("straggler", "network_bound", "hang", "gpu_health", "link_health", "node_silent")
+
+
+def matches(det: dict[str, Any], label: dict[str, Any]) -> bool:
+    """True when a firing detection correctly reports a ground-truth fault."""
+    if det["job"] != label["job"] or det["kind"] not in FAULT_KINDS[label["kind"]]:
+        return False
+    if det["detected_at"] < label["start"] - SKEW_TOLERANCE:
+        return False
+    if label["kind"] in JOB_LEVEL_FAULTS:
+        return True
+    if det["node"] != label["node"]:
+        return False
+    return label["kind"] in NODE_LEVEL_FAULTS or det["gpu"] in (label["gpu"], None)
+
+
+@dataclass
+class Tally:
+    """Counts for one detector over the suite."""
+
+    labels: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    found: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    delays: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    fired: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    correct: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    healthy_false_alarms: int = 0
+    misses: list[str] = field(default_factory=list)
+    false_alarms: list[str] = field(default_factory=list)
+
+    def score(self, scenario: Scenario, dets: list[dict[str, Any]]) -> None:
+        labels = scenario.cluster.labels()
+        firing = [d for d in dets if d["state"] == "firing"]
+        for det in firing:
+            self.fired[det["kind"]] += 1
+            if any(matches(det, lab) for lab in labels):
+                self.correct[det["kind"]] += 1
+            else:
+                self.false_alarms.append(f"{scenario.name}: {det['kind']} {det['node']} "
+                                         f"{det['gpu']} {det.get('summary', det.get('rule'))}")
+                self.healthy_false_alarms += scenario.healthy
+        for lab in labels:
+            kind = FAULT_KINDS[lab["kind"]][0]
+            self.labels[kind] += 1
+            hits = [d["detected_at"] - lab["start"] for d in firing if matches(d, lab)]
+            if hits:
+                self.found[kind] += 1
+                self.delays[kind].append(max(0.0, min(hits)))
+            else:
+                self.misses.append(scenario.name)
+
+    def table(self) -> dict[str, dict[str, float | int | None]]:
+        rows: dict[str, dict[str, float | int | None]] = {}
+        for kind in (*KINDS, "overall"):
+            if kind == "overall":
+                labels, found = sum(self.labels.values()), sum(self.found.values())
+                fired, correct = sum(self.fired.values()), sum(self.correct.values())
+                delays = [d for v in self.delays.values() for d in v]
+            else:
+                labels, found = self.labels[kind], self.found[kind]
+                fired, correct = self.fired[kind], self.correct[kind]
+                delays = self.delays[kind]
+            recall = found / labels if labels else None
+            precision = correct / fired if fired else None
+            f1 = (2 * precision * recall / (precision + recall)
+                  if precision and recall else 0.0 if labels else None)
+            rows[kind] = {"labels": labels, "found": found, "fired": fired,
+                          "recall": recall, "precision": precision, "f1": f1,
+                          "median_delay": statistics.median(delays) if delays else None,
+                          "max_delay": max(delays) if delays else None}
+        return rows
+
+
+def run_suite(scenarios: list[Scenario], cfg: DetectConfig) -> tuple[Tally, Tally, dict[str, float]]:
+    """Score Vigil and the baseline on every scenario; also time Vigil's detectors."""
+    vigil, static = Tally(), Tally()
+    samples = 0
+    cpu = 0.0
+    for sc in scenarios:
+        runner, rules = ReplayRunner(cfg), StaticRules()
+        vigil_dets: list[dict[str, Any]] = []
+        static_dets: list[dict[str, Any]] = []
+        for sample in Simulator(sc.cluster, sc.start, seed=sc.seed).samples(sc.duration):
+            samples += 1
+            t0 = time.process_time()
+            vigil_dets.extend(runner.feed(sample))
+            cpu += time.process_time() - t0
+            static_dets.extend(rules.feed(sample))
+        vigil.score(sc, vigil_dets)
+        static.score(sc, static_dets)
+    return vigil, static, {"samples": samples, "detector_cpu_seconds": cpu}
+
+
+def _fmt(v: float | int | None, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if pct else (f"{v:.0f}" if isinstance(v, int) else f"{v:.1f}")
+
+
+def report(vigil: Tally, static: Tally) -> str:
+    """A side-by-side text table."""
+    lines = [f"{'kind':14} {'labels':>6} | {'recall':>6} {'prec':>5} {'F1':>5} {'med s':>6} "
+             f"{'max s':>6} | {'static':>6} {'prec':>5} {'F1':>5} {'med s':>6}",
+             "-" * 86]
+    vt, st = vigil.table(), static.table()
+    for kind in (*KINDS, "overall"):
+        v, s = vt[kind], st[kind]
+        lines.append(
+            f"{kind:14} {v['labels']:>6} | {_fmt(v['recall'], True):>6} "
+            f"{_fmt(v['precision'], True):>5} {_fmt(v['f1'], True):>5} "
+            f"{_fmt(v['median_delay']):>6} {_fmt(v['max_delay']):>6} | "
+            f"{_fmt(s['recall'], True):>6} {_fmt(s['precision'], True):>5} "
+            f"{_fmt(s['f1'], True):>5} {_fmt(s['median_delay']):>6}")
+    lines.append(f"false alarms on healthy look-alikes: vigil {vigil.healthy_false_alarms}, "
+                 f"static {static.healthy_false_alarms}")
+    return "\n".join(lines)
+
+
+def main(sizes: tuple[int, ...], seeds: tuple[int, ...], json_out: str | None,
+         verbose: bool) -> int:
+    """Run the suite, print the table (and misses / false alarms with --verbose)."""
+    scenarios = suite(sizes=sizes, seeds=seeds)
+    started = time.monotonic()
+    vigil, static, cost = run_suite(scenarios, DetectConfig())
+    print(f"{len(scenarios)} scenarios ({sum(s.healthy for s in scenarios)} healthy), "
+          f"{cost['samples']} node-samples, {time.monotonic() - started:.0f}s wall, "
+          f"detectors {cost['detector_cpu_seconds']:.1f} CPU-s "
+          f"({cost['detector_cpu_seconds'] / max(1, cost['samples']) * 1e6:.0f} µs/sample)")
+    print(report(vigil, static))
+    if verbose:
+        for what, items in (("missed", vigil.misses), ("false alarm", vigil.false_alarms)):
+            for item in items:
+                print(f"  {what}: {item}")
+    if json_out:
+        with open(json_out, "w") as fh:
+            json.dump({"vigil": vigil.table(), "static": static.table(), "cost": cost,
+                       "misses": vigil.misses, "false_alarms": vigil.false_alarms}, fh, indent=2)
+    return 0
