@@ -89,7 +89,8 @@ class Tally:
         return rows
 
 
-def run_suite(scenarios: list[Scenario], cfg: DetectConfig) -> tuple[Tally, Tally, dict[str, float]]:
+def run_suite(scenarios: list[Scenario],
+              cfg: DetectConfig) -> tuple[Tally, Tally, dict[str, float]]:
     """Score Vigil and the baseline on every scenario; also time Vigil's detectors."""
     vigil, static = Tally(), Tally()
     samples = 0

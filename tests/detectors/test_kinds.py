@@ -1,0 +1,144 @@
+"""Each detection kind on its own fault, through the same engine replay uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from contracts.codec import validate_detection
+from contracts.config import DetectConfig
+from detectors.baseline import StaticRules
+from detectors.engine import ReplayRunner
+from detectors.health import classify_xid
+from detectors.links import LinkParams, find_link_faults
+from detectors.window import JobWindow, WindowView
+from producers.simulator import Cluster, Event, Fault, JobSpec, Simulator
+
+START = 3_000_000.0
+AT = START + 60
+
+
+def _run(kind: str, job_kind: str = "data_parallel", end: float | None = None,
+         severity: float = 1.3, nodes: int = 4, events: list[Event] | None = None,
+         duration: float = 180) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Fault]:
+    job = JobSpec("j", [f"n{i}" for i in range(nodes)], kind=job_kind, events=events or [])
+    job_level = kind in ("hang", "network_phase")
+    fault = Fault(kind, "j", None if job_level else "n2",
+                  None if job_level or kind in ("node_silent", "nic_degraded") else "5",
+                  AT, end, severity)
+    samples = list(Simulator(Cluster([job], [fault]), START, seed=11).samples(duration))
+    runner = ReplayRunner(DetectConfig())
+    dets = [validate_detection(d) for s in samples for d in runner.feed(s)]
+    return dets, samples, fault
+
+
+def _firing(dets: list[dict[str, Any]]) -> list[tuple[str, str | None, str | None]]:
+    return [(d["kind"], d["node"], d["gpu"]) for d in dets if d["state"] == "firing"]
+
+
+@pytest.mark.parametrize(("code", "severity", "words"), [
+    (79, "critical", "fallen off the bus"), (48, "critical", "replace"),
+    (13, "info", "application"), (94, "critical", "reset"), (12345, "warning", "investigate")])
+def test_xid_fires_on_the_sample_that_carries_it(code: int, severity: str, words: str) -> None:
+    dets, samples, _ = _run("xid", severity=float(code))
+    carrier = next(s for s in samples if s["gpus"].get("5", {}).get("xid") and s["node"] == "n2")
+    first = dets[0]
+    assert _firing(dets) == [("gpu_health", "n2", "5")]
+    assert first["detected_at"] == carrier["ts"] and first["severity"] == severity
+    assert words in first["summary"] and str(code) in first["summary"]
+    assert classify_xid(code)[1] == severity
+
+
+def test_ecc_double_bit_error_is_critical_at_once() -> None:
+    dets, samples, _ = _run("ecc_dbe")
+    carrier = next(s for s in samples if s["node"] == "n2" and s["gpus"]["5"]["ecc_dbe"] > 0)
+    assert _firing(dets) == [("gpu_health", "n2", "5")]
+    assert dets[0]["detected_at"] == carrier["ts"] and dets[0]["severity"] == "critical"
+
+
+def test_thermal_slowdown_is_found_well_before_the_static_minute() -> None:
+    dets, samples, fault = _run("thermal")
+    health = [d for d in dets if d["kind"] == "gpu_health"]
+    assert health and health[0]["node"] == "n2" and health[0]["gpu"] == "5"
+    rules = StaticRules()
+    static = [d for s in samples for d in rules.feed(s)]
+    assert health[0]["detected_at"] - fault.start <= 30
+    assert min(d["detected_at"] for d in static) - fault.start >= 60
+
+
+def test_gpu_falling_off_the_bus() -> None:
+    dets, _, _ = _run("gpu_lost")
+    assert _firing(dets) == [("gpu_health", "n2", "5")]
+    assert "79" in dets[0]["summary"]
+
+
+def test_hang_is_job_level_and_critical() -> None:
+    dets, _, fault = _run("hang")
+    assert _firing(dets) == [("hang", None, None)]
+    assert 0 < dets[0]["detected_at"] - fault.start <= 30 and dets[0]["severity"] == "critical"
+
+
+def test_checkpoint_and_evaluation_pauses_are_not_hangs() -> None:
+    events = [Event("checkpoint", START + 40, START + 100), Event("eval", START + 110,
+                                                                  START + 170)]
+    job = JobSpec("j", [f"n{i}" for i in range(4)], events=events)
+    runner = ReplayRunner(DetectConfig())
+    dets = [d for s in Simulator(Cluster([job]), START, seed=2).samples(200)
+            for d in runner.feed(s)]
+    assert dets == []
+
+
+def test_silent_node_fires_and_resolves_when_it_returns() -> None:
+    dets, _, fault = _run("node_silent", end=AT + 60)
+    assert [(d["kind"], d["node"], d["state"]) for d in dets] == [
+        ("node_silent", "n2", "firing"), ("node_silent", "n2", "resolved")]
+    assert dets[0]["detected_at"] - fault.start <= 30
+
+
+def test_pcie_downgrade_under_load_is_a_link_fault() -> None:
+    dets, _, _ = _run("pcie_downgrade")
+    assert _firing(dets) == [("link_health", "n2", "5")]
+    assert "PCIe" in dets[0]["summary"]
+
+
+def test_degraded_nic_blames_the_node() -> None:
+    dets, samples, _ = _run("nic_degraded")
+    assert ("link_health", "n2", None) in _firing(dets)
+    assert "ib_errors" in {c["metric"] for c in dets[0]["evidence"]["causes"]}
+    window = JobWindow(5.0)
+    for s in samples:
+        window.add(s)
+    last = window.bin_of(samples[-1]["ts"]) - 1
+    later = find_link_faults(WindowView(window, range(last - 11, last + 1)), LinkParams())
+    assert [(f.node, f.gpu) for f in later] == [("n2", None)]
+    assert {c["metric"] for c in later[0].evidence["causes"]} == {
+        "ib_rate", "ib_errors", "ib_xmit_wait"}
+
+
+def test_degraded_nvlink() -> None:
+    dets, _, _ = _run("nvlink_degraded")
+    assert ("link_health", "n2", "5") in _firing(dets)
+
+
+def test_moe_network_phase_is_network_bound_with_shares() -> None:
+    dets, _, _ = _run("network_phase", job_kind="moe")
+    assert _firing(dets) == [("network_bound", None, None)]
+    ev = dets[0]["evidence"]
+    assert ev["communication_share"] >= 0.4 and ev["compute_share"] <= 0.45
+
+
+def test_slow_node_in_a_pipeline_job_blames_the_node() -> None:
+    dets, _, _ = _run("slow_node", job_kind="pipeline", nodes=8, duration=240)
+    assert _firing(dets) == [("straggler", "n2", None)]
+
+
+@pytest.mark.parametrize("job_kind", ["pipeline", "moe"])
+def test_healthy_structured_jobs_raise_nothing(job_kind: str) -> None:
+    job = JobSpec("j", [f"n{i}" for i in range(8)], kind=job_kind,
+                  events=[Event("warmup", START, START + 40)])
+    runner = ReplayRunner(DetectConfig())
+    dets = [d for s in Simulator(Cluster([job], skew_seconds=3, loss=0.01,
+                                         reorder_seconds=2), START, seed=5).samples(300)
+            for d in runner.feed(s)]
+    assert dets == []

@@ -1,0 +1,22 @@
+"""The scenario suite's targets on a subset that fits in `make test` (the whole suite
+is `vigil bench detect`)."""
+
+from __future__ import annotations
+
+from contracts.config import DetectConfig
+from vigil.benchdetect import run_suite
+from vigil.scenarios import suite
+
+
+def test_scenario_subset_meets_the_targets() -> None:
+    scenarios = suite(sizes=(4,), seeds=(3,))
+    vigil, static, _ = run_suite(scenarios, DetectConfig())
+    table = vigil.table()
+    assert vigil.healthy_false_alarms == 0, vigil.false_alarms
+    assert table["overall"]["f1"] is not None and table["overall"]["f1"] >= 0.95, vigil.misses
+    for kind, row in table.items():
+        if row["labels"]:
+            assert row["recall"] is not None and row["recall"] >= 0.9, (kind, vigil.misses)
+    assert table["overall"]["median_delay"] is not None
+    assert table["overall"]["median_delay"] <= 30
+    assert static.table()["overall"]["f1"] < table["overall"]["f1"]
