@@ -49,6 +49,11 @@ def _replay(cfg: Config, args: argparse.Namespace) -> int:
     return replay(cfg, args)
 
 
+def _select(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.commands import select_metrics
+    return select_metrics(cfg, args)
+
+
 def _worker(cfg: Config, args: argparse.Namespace) -> int:
     from streams.worker import run_worker
     from vigil.kafka_admin import ensure_topics
@@ -109,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="-", help="detections output (default stdout)")
 
     add("worker", _worker, "run the Faust stream worker")
+
+    sel = add("select-metrics", _select, "pick representative GPU metrics from a trace "
+              "(Moneo §2.2)")
+    sel.add_argument("trace", help="trace file of vigil.sample/1 lines, '-' for stdin")
+    sel.add_argument("--min-variance", type=float, default=1e-4)
+    sel.add_argument("--max-distance", type=float, default=0.05)
 
     bench = add("bench", _bench, "measure detection quality against the static-rules baseline")
     bench.add_argument("what", choices=["detect"])

@@ -109,3 +109,43 @@ def alerts(cfg: Config, args: argparse.Namespace) -> int:
             where += f" gpu {det['gpu']}"
         print(f"{det['severity']:8} {det['kind']:13} {det['job']:12} {where:28} {det['summary']}")
     return 0
+
+
+def select_metrics(cfg: Config, args: argparse.Namespace) -> int:
+    """Print the representative metric subset of a trace and the groups (Moneo §2.2)."""
+    import numpy as np
+
+    from contracts.catalog import GPU_METRICS
+    from detectors.selection import select_metrics as select
+
+    rows: dict[tuple[str, str], dict[str, list[float]]] = {}
+    with _open(args.trace, "rb") as trace:
+        for line in trace:
+            if not line.strip():
+                continue
+            try:
+                sample = decode_sample(line)
+            except ContractError:
+                continue
+            for gpu, readings in sample["gpus"].items():
+                key = (sample["node"], gpu)
+                per = rows.setdefault(key, {})
+                for name in GPU_METRICS:
+                    per.setdefault(name, []).append(float(readings.get(name, np.nan)))
+    if not rows:
+        print("no samples in the trace")
+        return 1
+    length = min(len(r[next(iter(GPU_METRICS))]) for r in rows.values())
+    arrays = {m: np.array([r[m][:length] for r in rows.values()], dtype=np.float64)
+              for m in GPU_METRICS}
+    health = frozenset(m for m, spec in GPU_METRICS.items() if spec.health)
+    result = select(arrays, args.min_variance, args.max_distance, always_keep=health)
+    print(f"{len(rows)} GPUs x {length} steps; kept {len(result.keep)} of {len(arrays)} "
+          f"GPU metrics")
+    print(f"constant (variance < {args.min_variance:g}): {', '.join(result.constant) or '-'}")
+    for rep, members in result.groups.items():
+        others = [m for m in members if m != rep]
+        print(f"keep {rep:14} {'stands for ' + ', '.join(others) if others else ''}")
+    print(f"always kept (health signals): {', '.join(sorted(health))}")
+    print("agent catalog: metrics = " + json.dumps(result.keep))
+    return 0
