@@ -1,0 +1,63 @@
+"""Detector cost per job size: CPU time to ingest a node-sample and to evaluate one
+step (all detectors over the 60 s window), for jobs of 8 to 16,384 GPUs.
+
+    .venv/bin/python bench/bench_detectors.py [--sizes 8,64,512,4096,16384]
+
+Sample generation (the simulator) is excluded from the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from contracts.config import DetectConfig
+from detectors.engine import JobEngine
+from producers.simulator import Cluster, Fault, JobSpec, Simulator
+
+START = 1_900_000_000.0
+
+
+def measure(gpus: int, seconds: float = 90.0) -> dict[str, float]:
+    """Feed ``seconds`` of a job with one slow GPU; time ingest and evaluation apart."""
+    nodes = max(1, gpus // 8)
+    job = JobSpec("bench", [f"node-{i:05d}" for i in range(nodes)],
+                  gpus_per_node=min(8, gpus))
+    cluster = Cluster([job], [Fault("slow_gpu", "bench", job.nodes[0], "1", START + 30)])
+    engine = JobEngine("bench", DetectConfig())
+    ingest = evaluate = 0.0
+    samples = steps = 0
+    found = 0
+    for sample in Simulator(cluster, START, seed=1).samples(seconds):
+        t0 = time.process_time()
+        engine.ingest(sample)
+        t1 = time.process_time()
+        before = engine.next_bin
+        out = engine.advance()
+        t2 = time.process_time()
+        ingest += t1 - t0
+        samples += 1
+        if engine.next_bin != before and (sample["ts"] - START) > 60 + 10:
+            evaluate += t2 - t1  # only steps with a full window
+            steps += (engine.next_bin or 0) - (before or 0)
+        found += sum(1 for d in out if d["kind"] == "straggler")
+    return {"gpus": gpus, "nodes": nodes, "ingest_us": ingest / samples * 1e6,
+            "step_ms": evaluate / max(1, steps) * 1e3,
+            "step_us_per_gpu": evaluate / max(1, steps) / gpus * 1e6, "detected": found}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="8,64,512,4096,16384")
+    args = parser.parse_args()
+    print(f"{'GPUs':>6} {'nodes':>6} {'ingest µs/node-sample':>22} {'eval ms/step':>13} "
+          f"{'eval µs/GPU/step':>17} {'found':>6}")
+    for gpus in (int(x) for x in args.sizes.split(",")):
+        r = measure(gpus)
+        print(f"{r['gpus']:>6} {r['nodes']:>6} {r['ingest_us']:>22.0f} {r['step_ms']:>13.1f} "
+              f"{r['step_us_per_gpu']:>17.1f} {r['detected']:>6}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

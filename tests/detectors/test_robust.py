@@ -1,0 +1,53 @@
+"""Properties of the robust statistics every detector rests on."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from detectors.robust import nanmedian, persistent, robust_z_axis
+
+finite_or_nan = st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=6),
+                  elements=finite_or_nan), st.integers(0, 2))
+def test_nanmedian_agrees_with_numpy(values: np.ndarray, axis: int) -> None:
+    axis = axis % values.ndim
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = np.nanmedian(values, axis=axis) if values.shape[axis] else np.full(
+            np.delete(values.shape, axis), np.nan)
+    np.testing.assert_allclose(nanmedian(values, axis), expected, rtol=1e-12, atol=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 5), st.integers(1, 10)),
+                  elements=finite_or_nan), st.floats(0.5, 5), st.integers(1, 6))
+def test_persistence_counts_match_the_definition(scores: np.ndarray, thr: float,
+                                                 of: int) -> None:
+    need = max(1, of // 2)
+    result = persistent(scores, thr, need, of)
+    recent = scores[:, -of:]
+    with np.errstate(invalid="ignore"):
+        up, down = np.sum(recent > thr, axis=1), np.sum(recent < -thr, axis=1)
+    np.testing.assert_array_equal(result.hits, np.maximum(up, down))
+    np.testing.assert_array_equal(result.flagged, np.maximum(up, down) >= need)
+    for i in np.nonzero(result.flagged)[0]:
+        assert abs(result.score[i]) > thr
+        assert np.sign(result.score[i]) == result.sign[i]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(0.1, 100), st.floats(-50, 50))
+def test_z_is_invariant_to_shift_and_scale_above_the_floor(scale: float, shift: float) -> None:
+    rng = np.random.default_rng(0)
+    base = rng.normal(10, 1, size=(3, 8, 4))
+    z1 = robust_z_axis(base, axis=1, abs_floor=1e-9, rel_floor=0)
+    z2 = robust_z_axis(base * scale + shift, axis=1, abs_floor=1e-9, rel_floor=0)
+    np.testing.assert_allclose(z1, z2, rtol=1e-6, atol=1e-6)
