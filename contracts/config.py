@@ -66,6 +66,7 @@ class KafkaConfig:
     ssl_cafile: str = ""
     samples_partitions: int = 8
     detections_partitions: int = 4
+    samples_retention_hours: float = 24.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ class WorkerConfig:
     """The Faust stream worker."""
 
     app_id: str = "vigil-worker"
-    web_port: int = 6066
+    web_port: int = 6066  # Prometheus /metrics; 0 turns it off
+    metrics_bind: str = "127.0.0.1"
     batch_size: int = 500
     batch_seconds: float = 0.5
     data_dir: str = ".vigil/worker"

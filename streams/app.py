@@ -1,16 +1,24 @@
-"""The Faust application: consume samples, keep per-job engines in a table, detect.
+"""The Faust application: consume samples, keep per-job engines, detect, publish.
 
 Samples are keyed by job, so one job's engine lives on one worker. The agent runs
 with concurrency 1 and works in batches (Faust's per-message cost is high, and
 concurrency > 1 can commit past in-flight messages). Each batch: decode (bad
 messages go to the dead-letter topic with their reason), fold samples into the
-job's engine, advance event time, publish detections, and write each touched
-engine back to the changelogged table once.
+job's engine, advance event time, publish detections.
+
+State: live engines stay in this process. An engine is checkpointed to the
+changelogged ``engines`` table (compressed) whenever it evaluates a step, and all
+of them on a rebalance, before they are dropped; a worker that takes over a
+partition starts from the last checkpoint. Detections are sent before the
+checkpoint, so a crash can repeat a detection (same id and state: consumers and
+the alerter treat it as a duplicate) but never lose one. Faust's exactly-once
+mode is not used: it is broken upstream (faust-streaming issues 517, 323, 440).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -23,12 +31,14 @@ from contracts.errors import ContractError
 from detectors.engine import JobEngine
 from streams.deadletter import deadletter_record
 from streams.metrics import WorkerMetrics
+from streams.state_codec import decode_state, encode_state
 
 log = logging.getLogger(__name__)
+CHANGELOG_MAX_BYTES = 32 << 20
 
 
 def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
-    """The configured Faust app with its topics, engine table and agent."""
+    """The configured Faust app with its topics, engine table, agent and lag timer."""
     metrics = metrics or WorkerMetrics()
     prefix = cfg.kafka.topic_prefix
     app = faust.App(
@@ -40,33 +50,59 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
         producer_acks=-1,
+        producer_max_request_size=CHANGELOG_MAX_BYTES,
     )
-    samples = app.topic(topics.topic(topics.SAMPLES, prefix), key_type=bytes, value_type=bytes,
+    samples_name = topics.topic(topics.SAMPLES, prefix)
+    samples = app.topic(samples_name, key_type=bytes, value_type=bytes,
                         key_serializer="raw", value_serializer="raw",
                         partitions=cfg.kafka.samples_partitions)
     detections = app.topic(topics.topic(topics.DETECTIONS, prefix), key_serializer="raw",
                            value_serializer="raw", partitions=cfg.kafka.detections_partitions)
     deadletter = app.topic(topics.topic(topics.DEADLETTER, prefix), key_serializer="raw",
                            value_serializer="raw", partitions=1)
-    engines = app.Table("engines", default=None, partitions=cfg.kafka.samples_partitions,
-                        schema=faust.Schema(key_type=bytes, key_serializer="raw",
-                                            value_serializer="json"),
-                        use_partitioner=True)
+    table = app.Table("engines", default=None, partitions=cfg.kafka.samples_partitions,
+                      schema=faust.Schema(key_type=bytes, key_serializer="raw",
+                                          value_type=bytes, value_serializer="raw"),
+                      use_partitioner=True,
+                      extra_topic_configs={"max.message.bytes": str(CHANGELOG_MAX_BYTES)})
+    live: dict[str, JobEngine] = {}
+
+    def engine_for(job: str) -> JobEngine:
+        engine = live.get(job)
+        if engine is None:
+            engine = live[job] = JobEngine(job, cfg.detect, decode_state(table.get(job.encode())))
+            metrics.jobs.set(len(live))
+        return engine
+
+    def checkpoint(engine: JobEngine) -> None:
+        blob = encode_state(engine.to_state())
+        metrics.checkpoint_bytes.observe(len(blob))
+        table[engine.job.encode()] = blob
+
+    async def _on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
+        for engine in live.values():
+            checkpoint(engine)
+        live.clear()
+        metrics.jobs.set(0)
+
+    app.on_partitions_revoked.connect(_on_revoked)  # type: ignore[arg-type]
 
     @app.agent(samples, concurrency=1)
     async def process(stream: Any) -> None:
         async for events in stream.take_events(cfg.worker.batch_size,
                                                within=cfg.worker.batch_seconds):
             try:
-                await _handle_batch(events)
+                await handle_batch(events)
             except Exception:  # an agent that raises dies silently: count, log, go on
                 metrics.errors.inc()
                 log.exception("batch of %d samples failed", len(events))
 
-    async def _handle_batch(events: list[Any]) -> None:
+    async def handle_batch(events: list[Any]) -> None:
         by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        newest_append = 0.0
         for event in events:
             msg = event.message
+            newest_append = max(newest_append, msg.timestamp or 0.0)
             try:
                 sample = decode_sample(event.value)
             except ContractError as exc:
@@ -78,17 +114,29 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
             if sample["job"]:
                 by_job[sample["job"]].append(sample)
         for job, job_samples in by_job.items():
-            key = job.encode()
-            engine = JobEngine(job, cfg.detect, engines.get(key))
-            late_before = engine.late
-            found = []
+            engine = engine_for(job)
+            late_before, step_before = engine.late, engine.next_bin
+            found: list[dict[str, Any]] = []
             for sample in sorted(job_samples, key=lambda s: s["ts"]):
                 found.extend(engine.ingest(sample))
             metrics.late.inc(engine.late - late_before)
-            for det in found + engine.advance():
+            found.extend(engine.advance())
+            for det in found:
                 metrics.detections.labels(det["kind"], det["state"]).inc()
-                await detections.send(key=key, value=encode_detection(det))
-            engines[key] = engine.to_state()
-        metrics.jobs.set(len(engines))
+                if newest_append:
+                    metrics.latency.observe(max(0.0, time.time() - newest_append))
+                await detections.send(key=job.encode(), value=encode_detection(det))
+            if found or engine.next_bin != step_before:
+                checkpoint(engine)
+
+    @app.timer(interval=5.0)
+    async def report_lag() -> None:
+        for tp in app.consumer.assignment():
+            if tp.topic != samples_name:
+                continue
+            high = app.consumer.highwater(tp)
+            position = await app.consumer.position(tp)
+            if high is not None and position is not None:
+                metrics.lag.labels(str(tp.partition)).set(max(0, high - position))
 
     return app

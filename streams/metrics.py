@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class WorkerMetrics:
@@ -19,4 +19,13 @@ class WorkerMetrics:
         self.detections = Counter("vigil_worker_detections", "detections published",
                                   ["kind", "state"], registry=r)
         self.errors = Counter("vigil_worker_batch_errors", "batches that raised", registry=r)
-        self.jobs = Gauge("vigil_worker_jobs", "jobs whose engine this worker holds", registry=r)
+        self.jobs = Gauge("vigil_worker_jobs", "job windows this worker holds", registry=r)
+        self.lag = Gauge("vigil_worker_lag_messages", "samples not yet consumed",
+                         ["partition"], registry=r)
+        self.latency = Histogram(
+            "vigil_worker_detection_latency_seconds",
+            "wall time from the triggering sample's append to Kafka to the detection's send",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
+        self.checkpoint_bytes = Histogram(
+            "vigil_worker_checkpoint_bytes", "compressed engine checkpoint size",
+            buckets=(1e4, 1e5, 1e6, 4e6, 16e6, 32e6), registry=r)

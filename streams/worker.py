@@ -1,4 +1,4 @@
-"""`vigil worker`: run the Faust app until SIGTERM/SIGINT."""
+"""`vigil worker`: run the Faust app until SIGTERM/SIGINT, with /metrics."""
 
 from __future__ import annotations
 
@@ -6,15 +6,25 @@ import logging
 from pathlib import Path
 
 import faust
+from prometheus_client import start_http_server
 
 from contracts.config import Config
 from streams.app import build_app
+from streams.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
 
 
 def run_worker(cfg: Config) -> int:
     """Start the worker in this process; returns when Faust shuts down."""
     Path(cfg.worker.data_dir).mkdir(parents=True, exist_ok=True)
-    app = build_app(cfg)
+    metrics = WorkerMetrics()
+    if cfg.worker.web_port:
+        start_http_server(cfg.worker.web_port, addr=cfg.worker.metrics_bind,
+                          registry=metrics.registry)
+        log.info("metrics on http://%s:%d/metrics", cfg.worker.metrics_bind,
+                 cfg.worker.web_port)
+    app = build_app(cfg, metrics)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
     worker = faust.Worker(app, loglevel=level, quiet=True)
     worker.execute_from_commandline()

@@ -25,7 +25,9 @@ def ensure_topics(cfg: Config) -> None:
     admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id="vigil-admin")
     try:
         existing = set(admin.list_topics())
-        new = [NewTopic(topics.topic(name, cfg.kafka.topic_prefix), parts, 1)
+        retention = {"retention.ms": str(int(cfg.kafka.samples_retention_hours * 3600e3))}
+        new = [NewTopic(topics.topic(name, cfg.kafka.topic_prefix), parts, 1,
+                        topic_configs=retention if name == topics.SAMPLES else {})
                for name, parts in wanted.items()
                if topics.topic(name, cfg.kafka.topic_prefix) not in existing]
         if new:
