@@ -15,7 +15,7 @@ from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
 from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
 from contracts.errors import ContractError
 
-MAX_MESSAGE_BYTES = 1 << 20
+MAX_MESSAGE_BYTES = 512 << 10  # under the broker's 1 MB default: oversize reaches us
 MAX_ID_CHARS = 256
 MAX_GPUS = 64
 MAX_NICS = 64

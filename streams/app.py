@@ -51,6 +51,8 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
         web_enabled=False,
         producer_acks=-1,
         producer_max_request_size=CHANGELOG_MAX_BYTES,
+        broker_session_timeout=cfg.worker.session_timeout_seconds,
+        broker_heartbeat_interval=max(0.5, cfg.worker.session_timeout_seconds / 10),
     )
     samples_name = topics.topic(topics.SAMPLES, prefix)
     samples = app.topic(samples_name, key_type=bytes, value_type=bytes,
@@ -60,10 +62,10 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
                            value_serializer="raw", partitions=cfg.kafka.detections_partitions)
     deadletter = app.topic(topics.topic(topics.DEADLETTER, prefix), key_serializer="raw",
                            value_serializer="raw", partitions=1)
+    # Faust derives a table's serializers from key_type/value_type (bytes = raw), and
+    # recovery reads the changelog with those, not with a schema's.
     table = app.Table("engines", default=None, partitions=cfg.kafka.samples_partitions,
-                      schema=faust.Schema(key_type=bytes, key_serializer="raw",
-                                          value_type=bytes, value_serializer="raw"),
-                      use_partitioner=True,
+                      key_type=bytes, value_type=bytes, use_partitioner=True,
                       extra_topic_configs={"max.message.bytes": str(CHANGELOG_MAX_BYTES)})
     live: dict[str, JobEngine] = {}
 

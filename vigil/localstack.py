@@ -159,7 +159,7 @@ def _kafka_properties(config: Config, svc: Service) -> Path:
         "transaction.state.log.replication.factor": "1",
         "transaction.state.log.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
-        "auto.create.topics.enable": "true",
+        "auto.create.topics.enable": "false",  # wrong partition counts must fail loudly
         "log.retention.hours": "24",
         "log.segment.bytes": str(64 << 20),
     }

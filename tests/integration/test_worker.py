@@ -1,0 +1,103 @@
+"""The stream worker against real Kafka: poison input and failover."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts import topics
+from contracts.codec import decode_detection
+from contracts.config import Config
+from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from tests.integration.kafka_helpers import publish, read_topic, start_worker
+
+pytestmark = pytest.mark.integration
+START = 1_850_000_000.0
+
+POISON: dict[str, bytes] = {
+    "invalid_json": b'{"schema": "vigil.sample/1", "ts": ',
+    "non_finite": b'{"schema": "vigil.sample/1", "ts": NaN}',
+    "unknown_schema": json.dumps({"schema": "vigil.sample/9", "ts": 1}).encode(),
+    "unknown_metric": json.dumps({"schema": "vigil.sample/1", "ts": 1.0, "job": "j",
+                                  "node": "n", "gpus": {"0": {"cmdline": 1}}, "host": {},
+                                  "nics": {}}).encode(),
+    "out_of_range": json.dumps({"schema": "vigil.sample/1", "ts": 1.0, "job": "j", "node": "n",
+                                "gpus": {"0": {"sm_active": 7.5}}, "host": {},
+                                "nics": {}}).encode(),
+    "wrong_type": b'"just a string"',
+    "too_large": b'{"pad": "' + b"x" * (600 << 10) + b'"}',
+    "missing_field": json.dumps({"schema": "vigil.sample/1", "ts": 1.0}).encode(),
+}
+
+
+def _firing(values: list[bytes]) -> list[dict[str, Any]]:
+    return [d for d in map(decode_detection, values) if d["state"] == "firing"]
+
+
+def test_poison_is_dead_lettered_and_good_samples_still_detected(
+        isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path) -> None:
+    job = JobSpec("job-p", [f"n{i}" for i in range(4)])
+    cluster = Cluster([job], [Fault("slow_gpu", "job-p", "n1", "2", START + 40)])
+    good = list(Simulator(cluster, START, seed=1).samples(130))
+    half = len(good) // 2
+    publish(isolated_cfg, good[:half], raw=list(POISON.values()))
+    publish(isolated_cfg, good[half:], raw=list(POISON.values()))
+    worker = start_worker(isolated_env, str(tmp_path / "worker.log"))
+    try:
+        dead = read_topic(isolated_cfg, topics.DEADLETTER, lambda v: len(v) >= 2 * len(POISON),
+                          120, worker)
+        dets = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= 1, 60, worker)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    records = [json.loads(v) for v in dead]
+    assert Counter(r["reason"] for r in records) == Counter(
+        {reason: 2 for reason in POISON}), (tmp_path / "worker.log").read_text()[-3000:]
+    originals = {base64.b64decode(r["original_b64"]) for r in records}
+    assert originals == set(POISON.values())
+    assert all(r["source"]["topic"].endswith("vigil.samples") for r in records)
+    assert [(d["job"], d["node"], d["gpu"]) for d in _firing(dets)] == [("job-p", "n1", "2")]
+
+
+def test_killed_worker_is_replaced_without_losing_or_refiring(
+        isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path) -> None:
+    env = dict(isolated_env, VIGIL_WORKER_SESSION_TIMEOUT_SECONDS="8")
+    jobs = [JobSpec("job-a", [f"a{i}" for i in range(4)]),
+            JobSpec("job-b", [f"b{i}" for i in range(4)])]
+    faults = [Fault("slow_gpu", "job-a", "a2", "6", START + 40),
+              Fault("node_silent", "job-b", "b3", None, START + 170)]
+    samples = list(Simulator(Cluster(jobs, faults), START, seed=4).samples(260))
+    cut = next(i for i, s in enumerate(samples) if s["ts"] >= START + 150)
+    publish(isolated_cfg, samples[:cut])
+    first = start_worker(env, str(tmp_path / "worker-1.log"))
+    try:
+        seen = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= 1, 150, first)
+        assert _firing(seen), (tmp_path / "worker-1.log").read_text()[-3000:]
+        publish(isolated_cfg, samples[cut:cut + 200])  # mid-stream ...
+        first.send_signal(signal.SIGKILL)  # ... the worker dies without a goodbye
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    publish(isolated_cfg, samples[cut + 200:])
+    second = start_worker(env, str(tmp_path / "worker-2.log"))
+    try:
+        values = read_topic(isolated_cfg, topics.DETECTIONS,
+                            lambda v: any(d["kind"] == "node_silent" for d in _firing(v)),
+                            180, second)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=60)
+    firing = _firing(values)
+    blamed = Counter((d["job"], d["kind"], d["node"], d["gpu"]) for d in firing)
+    assert set(blamed) == {("job-a", "straggler", "a2", "6"),
+                           ("job-b", "node_silent", "b3", None)}, (
+        (tmp_path / "worker-2.log").read_text()[-3000:])
+    assert all(n == 1 for n in blamed.values()), f"an incident fired twice: {blamed}"
+    assert len({d["id"] for d in firing}) == 2
