@@ -18,6 +18,8 @@ mode is not used: it is broken upstream (faust-streaming issues 517, 323, 440).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections import defaultdict
 from typing import Any
@@ -35,6 +37,7 @@ from streams.state_codec import decode_state, encode_state
 
 log = logging.getLogger(__name__)
 CHANGELOG_MAX_BYTES = 32 << 20
+WORKER_HEADER = "vigil-worker"
 
 
 def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
@@ -68,6 +71,9 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
                       key_type=bytes, value_type=bytes, use_partitioner=True,
                       extra_topic_configs={"max.message.bytes": str(CHANGELOG_MAX_BYTES)})
     live: dict[str, JobEngine] = {}
+    # Which worker produced a detection, for operators and tests (a header: the body
+    # stays exactly the contract's message).
+    origin = {WORKER_HEADER: f"{socket.gethostname()}-{os.getpid()}".encode()}
 
     def engine_for(job: str) -> JobEngine:
         engine = live.get(job)
@@ -127,7 +133,8 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
                 metrics.detections.labels(det["kind"], det["state"]).inc()
                 if newest_append:
                     metrics.latency.observe(max(0.0, time.time() - newest_append))
-                await detections.send(key=job.encode(), value=encode_detection(det))
+                await detections.send(key=job.encode(), value=encode_detection(det),
+                                      headers=origin)
             if found or engine.next_bin != step_before:
                 checkpoint(engine)
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka import KafkaConsumer
 
 from contracts import topics
 from contracts.codec import decode_detection
@@ -101,3 +103,32 @@ def test_killed_worker_is_replaced_without_losing_or_refiring(
         (tmp_path / "worker-2.log").read_text()[-3000:])
     assert all(n == 1 for n in blamed.values()), f"an incident fired twice: {blamed}"
     assert len({d["id"] for d in firing}) == 2
+
+
+def test_two_workers_split_jobs_and_each_job_has_one_author(
+        isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path) -> None:
+    jobs = [JobSpec(f"job-{k}", [f"j{k}n{i}" for i in range(4)]) for k in range(8)]
+    faults = [Fault("slow_gpu", j.name, j.nodes[1], "4", START + 40) for j in jobs]
+    env = dict(isolated_env, VIGIL_WORKER_SESSION_TIMEOUT_SECONDS="10")
+    workers = [start_worker(env, str(tmp_path / f"worker-{i}.log")) for i in range(2)]
+    try:
+        time.sleep(15)  # both join the group before data arrives
+        publish(isolated_cfg, list(Simulator(Cluster(jobs, faults), START, seed=9).samples(130)))
+        read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= len(jobs), 180)
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.wait(timeout=60)
+    consumer = KafkaConsumer(topics.topic(topics.DETECTIONS, isolated_cfg.kafka.topic_prefix),
+                             bootstrap_servers=isolated_cfg.kafka_bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=2000)
+    authors: dict[str, set[bytes]] = {}
+    for record in consumer:
+        det = decode_detection(record.value)
+        authors.setdefault(det["job"], set()).update(
+            v for k, v in record.headers if k == "vigil-worker")
+    consumer.close()
+    assert set(authors) == {j.name for j in jobs}
+    assert all(len(a) == 1 for a in authors.values()), authors
+    assert len(set().union(*authors.values())) == 2, "one worker did all the work"
