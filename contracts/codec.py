@@ -70,7 +70,28 @@ def _object(value: Any, path: str) -> dict[str, Any]:
     return value
 
 
+_CEILINGS = {id(cat): {name: m.high + (_RATIO_SLACK if m.unit == "ratio" else 0)
+                      for name, m in cat.items()}
+             for cat in (GPU_METRICS, HOST_METRICS, NIC_METRICS)}
+
+
 def _metrics(value: Any, path: str, catalog: dict[str, Metric]) -> None:
+    """Every reading is a catalog metric with a finite number in range.
+
+    The fast path is one chained comparison per reading (NaN and ±inf fail it too);
+    only a failing object is re-checked slowly to name the exact reason.
+    """
+    if isinstance(value, dict):
+        ceilings = _CEILINGS[id(catalog)]
+        try:
+            if all(type(v) in (float, int) and 0 <= v <= ceilings[k] for k, v in value.items()):
+                return
+        except KeyError:
+            pass
+    _metrics_slow(value, path, catalog)
+
+
+def _metrics_slow(value: Any, path: str, catalog: dict[str, Metric]) -> None:
     for name, reading in _object(value, path).items():
         metric = catalog.get(name)
         if metric is None:

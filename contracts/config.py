@@ -99,6 +99,7 @@ class WorkerConfig:
     web_port: int = 6066  # Prometheus /metrics; 0 turns it off
     metrics_bind: str = "127.0.0.1"
     session_timeout_seconds: float = 30.0  # a dead worker's partitions move after this
+    checkpoint_steps: int = 6  # evaluated steps between checkpoints of a quiet job
     batch_size: int = 500
     batch_seconds: float = 0.5
     data_dir: str = ".vigil/worker"

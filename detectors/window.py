@@ -147,6 +147,7 @@ class WindowView:
             self._slot_idx[i] = slots.get(node, 0)
             slots[node] = self._slot_idx[i] + 1
         self.max_slots = max(slots.values(), default=0)
+        self._cubes: dict[str, Array] = {}
 
     def gpu(self, metric: str) -> Array:
         """(GPUs × bins) means of one GPU metric."""
@@ -157,10 +158,14 @@ class WindowView:
         return self._nic[metric]
 
     def per_node(self, metric: str) -> Array:
-        """(nodes × GPU slots × bins) means of one GPU metric, NaN padded."""
-        out = np.full((len(self.nodes), self.max_slots, len(self.bins)), np.nan)
-        out[self._node_idx, self._slot_idx] = self._gpu[metric]
-        return out
+        """(nodes × GPU slots × bins) means of one GPU metric, NaN padded (shared: do
+        not modify)."""
+        cube = self._cubes.get(metric)
+        if cube is None:
+            cube = np.full((len(self.nodes), self.max_slots, len(self.bins)), np.nan)
+            cube[self._node_idx, self._slot_idx] = self._gpu[metric]
+            self._cubes[metric] = cube
+        return cube
 
     def gpu_at(self, node_index: int, slot: int) -> Entity:
         """The (node, gpu) entity at a position of ``per_node`` arrays."""
