@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from contracts.config import DetectConfig
+from detectors import hang, links, network, straggler
 from detectors.findings import Finding
 from detectors.hang import HangParams, find_hang
 from detectors.health import HealthMonitor, HealthParams
@@ -21,8 +22,12 @@ from detectors.incidents import IncidentTracker
 from detectors.links import LinkParams, find_link_faults
 from detectors.network import NetworkParams, find_network_bound
 from detectors.straggler import StragglerParams, find_stragglers
-from detectors.window import JobWindow, WindowView
+from detectors.window import ALL_GPU_METRICS, ALL_NIC_METRICS, JobWindow, WindowView
 
+# Only what some window detector reads is windowed (in catalog order).
+_DETECTORS = (hang, links, network, straggler)
+WINDOW_GPU = tuple(m for m in ALL_GPU_METRICS if any(m in d.GPU_READS for d in _DETECTORS))
+WINDOW_NIC = tuple(m for m in ALL_NIC_METRICS if any(m in d.NIC_READS for d in _DETECTORS))
 EVALUATED_KINDS = {"straggler", "network_bound", "hang", "gpu_health", "link_health",
                    "node_silent"}
 
@@ -34,7 +39,7 @@ class JobEngine:
         state = state or {}
         self.job = job
         self.cfg = cfg
-        self.window = JobWindow(cfg.bin_seconds, state.get("window"))
+        self.window = JobWindow(cfg.bin_seconds, state.get("window"), WINDOW_GPU, WINDOW_NIC)
         self.tracker = IncidentTracker(job, cfg.fire_after, cfg.resolve_after,
                                        state.get("incidents"))
         self.health = HealthMonitor(HealthParams(cfg.throttle_seconds, cfg.missing_gpu_seconds,
@@ -45,11 +50,11 @@ class JobEngine:
         self.next_bin: int | None = state.get("next_bin")
         self.late: int = state.get("late", 0)
         self.window_bins = max(1, math.ceil(cfg.window_seconds / cfg.bin_seconds))
-        self.straggler = StragglerParams(cfg.straggler_z, cfg.straggler_bins,
+        self.stragglers = StragglerParams(cfg.straggler_z, cfg.straggler_bins,
                                          cfg.straggler_of_bins)
-        self.hang = HangParams(cfg.hang_seconds)
-        self.links = LinkParams(cfg.link_z, errors_per_window=cfg.ib_errors_per_window)
-        self.network = NetworkParams(cfg.network_link_share)
+        self.hang_params = HangParams(cfg.hang_seconds)
+        self.link_params = LinkParams(cfg.link_z, errors_per_window=cfg.ib_errors_per_window)
+        self.network_params = NetworkParams(cfg.network_link_share)
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: window, health, open conditions, watermark bookkeeping."""
@@ -93,11 +98,11 @@ class JobEngine:
         now = (last_bin + 1) * self.cfg.bin_seconds
         view = WindowView(self.window, bins)
         health, silent = self.health.evaluate(now)
-        hang = find_hang(view, self.hang)
-        found = [*health, *silent, *hang, *find_link_faults(view, self.links),
-                 *find_network_bound(view, self.network)]
-        if not hang:  # a hung job's GPUs are idle together: no one is out of step
-            found.extend(find_stragglers(view, self.straggler, self.peer_memory))
+        hung = find_hang(view, self.hang_params)
+        found = [*health, *silent, *hung, *find_link_faults(view, self.link_params),
+                 *find_network_bound(view, self.network_params)]
+        if not hung:  # a hung job's GPUs are idle together: no one is out of step
+            found.extend(find_stragglers(view, self.stragglers, self.peer_memory))
         return found
 
     def _evaluate(self, last_bin: int) -> list[dict[str, Any]]:

@@ -24,6 +24,8 @@ QUIET_NVLINK = 1e9  # bytes/s
 QUIET_IB = 1e8  # bytes/s
 ALLOCATED = 1 << 30  # bytes of device memory still held
 SHARE = 0.9  # of the job's GPUs
+GPU_READS = ("sm_active", "gpu_util", "mem_used", "nvlink_tx")
+NIC_READS = ("ib_tx",)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from detectors.window import WindowView
 
 LOADED_SM_ACTIVE = 0.2
 COMMUNICATING_NVLINK = 1e9  # bytes/s: the node's median GPU is moving data
+GPU_READS = ("sm_active", "pcie_gen", "pcie_width", "nvlink_tx")
+NIC_READS = ("ib_rate", "ib_errors", "ib_xmit_wait")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from detectors.robust import nanmedian
 from detectors.window import WindowView
 
 BITS_PER_BYTE = 8.0
+GPU_READS = ("sm_active", "tensor_active")
+NIC_READS = ("ib_tx", "ib_rx", "ib_rate")
 
 
 @dataclass(frozen=True)

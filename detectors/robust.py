@@ -22,6 +22,8 @@ def nanmedian(values: Array, axis: int) -> Array:
     values = np.asarray(values, dtype=np.float64)
     if values.shape[axis] == 0:
         return np.full(np.delete(values.shape, axis), np.nan)
+    if not np.isnan(values).any():
+        return np.asarray(np.median(values, axis=axis), dtype=np.float64)
     ordered = np.sort(values, axis=axis)
     count = np.sum(~np.isnan(ordered), axis=axis, keepdims=True)
     low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0), axis=axis)
@@ -81,6 +83,9 @@ def persistent(scores: Array, threshold: float, need: int, of: int) -> Persisten
         sign = np.where(up >= down, 1.0, -1.0)
         deviant = (recent * sign[..., None]) > threshold
     hits = np.maximum(up, down)
+    flagged = hits >= need
     first = np.argmax(deviant, axis=-1)
-    score = nanmedian(np.where(deviant, recent, np.nan), axis=-1)
-    return Persistence(hits >= need, sign, hits, first, score)
+    score = np.full(hits.shape, np.nan)
+    if flagged.any():  # the median score is only needed where something was found
+        score[flagged] = nanmedian(np.where(deviant, recent, np.nan)[flagged], axis=-1)
+    return Persistence(flagged, sign, hits, first, score)

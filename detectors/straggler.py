@@ -41,6 +41,8 @@ STRAGGLER_METRICS: dict[str, float] = {
     "power": 10.0,
     "sm_clock": 25.0,
 }
+GPU_READS = tuple(STRAGGLER_METRICS)
+NIC_READS: tuple[str, ...] = ()
 MIN_GPU_PEERS = 4
 MIN_NODE_PEERS = 3
 MIN_METRICS = 2
@@ -81,10 +83,12 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     gpu_devs: dict[tuple[str, str], list[_Deviation]] = {}
     node_devs: dict[str, list[_Deviation]] = {}
     flagged_nodes: set[str] = set()
+    residuals: dict[str, tuple[Array, Array]] = {}
     for metric, floor in STRAGGLER_METRICS.items():
         cube = view.per_node(metric)  # nodes × slots × bins
+        residuals[metric] = _node_residuals(cube)
         _gpu_level(view, cube, metric, floor, p, gpu_devs)
-        _node_level(view, cube, metric, floor, p, memory, node_devs)
+        _node_level(view, residuals[metric], metric, floor, p, memory, node_devs)
     findings = []
     for node, devs in sorted(node_devs.items()):
         if len({d.metric for d in devs}) >= MIN_METRICS:
@@ -93,7 +97,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     for (node, gpu), devs in sorted(gpu_devs.items()):
         if node not in flagged_nodes and len({d.metric for d in devs}) >= MIN_METRICS:
             findings.append(_finding(view, p, node, gpu, devs))
-    _learn(view, memory, flagged_nodes)
+    _learn(view, memory, flagged_nodes, residuals)
     return findings
 
 
@@ -113,18 +117,20 @@ def _gpu_level(view: WindowView, cube: Array, metric: str, floor: float, p: Stra
             int(test.first[n, slot])))
 
 
-def _node_residuals(view: WindowView, cube: Array) -> tuple[Array, Array]:
-    node_value = nanmedian(cube, axis=1)  # nodes × bins
+def _node_residuals(cube: Array) -> tuple[Array, Array]:
+    """(each node's median GPU, its distance from the job median), nodes × bins."""
+    node_value = nanmedian(cube, axis=1)
     return node_value, node_value - nanmedian(node_value, axis=0)
 
 
-def _node_level(view: WindowView, cube: Array, metric: str, floor: float, p: StragglerParams,
-                memory: dict[str, Any], out: dict[str, list[_Deviation]]) -> None:
+def _node_level(view: WindowView, residuals: tuple[Array, Array], metric: str, floor: float,
+                p: StragglerParams, memory: dict[str, Any],
+                out: dict[str, list[_Deviation]]) -> None:
     if len(view.nodes) < MIN_NODE_PEERS:
         return
     offsets = memory.get("offsets", {}).get(metric, {})
     steady = set(memory.get("steady", []))
-    node_value, residual = _node_residuals(view, cube)
+    node_value, residual = residuals
     learned = np.array([offsets.get(n, np.nan) for n in view.nodes])
     known = ~np.isnan(learned)
     if np.count_nonzero(known) < MIN_NODE_PEERS:
@@ -140,14 +146,14 @@ def _node_level(view: WindowView, cube: Array, metric: str, floor: float, p: Str
             peer + float(learned[n]), int(test.first[n])))
 
 
-def _learn(view: WindowView, memory: dict[str, Any], frozen: set[str]) -> None:
+def _learn(view: WindowView, memory: dict[str, Any], frozen: set[str],
+           residuals: dict[str, tuple[Array, Array]]) -> None:
     """Update the job's recent level; in a steady bin, also the node offsets."""
     last = view.bins[-1]
     levels: dict[str, float] = memory.setdefault("level", {})
     steady_now = True
-    cubes = {m: view.per_node(m) for m in STRAGGLER_METRICS}
     for metric, floor in STRAGGLER_METRICS.items():
-        job_median = float(nanmedian(cubes[metric][:, :, -1].ravel(), axis=0))
+        job_median = float(nanmedian(view.per_node(metric)[:, :, -1].ravel(), axis=0))
         if np.isnan(job_median):
             steady_now = False
             continue
@@ -162,7 +168,7 @@ def _learn(view: WindowView, memory: dict[str, Any], frozen: set[str]) -> None:
         return
     counts: dict[str, int] = memory.setdefault("updates", {})
     for metric in STRAGGLER_METRICS:
-        _, residual = _node_residuals(view, cubes[metric])
+        residual = residuals[metric][1]
         table = memory.setdefault("offsets", {}).setdefault(metric, {})
         for n, node in enumerate(view.nodes):
             r = float(residual[n, -1])

@@ -17,8 +17,8 @@ from detectors.robust import Array
 
 # Codes and bitmasks have no meaningful mean: the health detector reads them per sample.
 PER_SAMPLE_ONLY = {"xid", "throttle"}
-WINDOW_GPU_METRICS = tuple(m for m in GPU_METRICS if m not in PER_SAMPLE_ONLY)
-WINDOW_NIC_METRICS = tuple(NIC_METRICS)
+ALL_GPU_METRICS = tuple(m for m in GPU_METRICS if m not in PER_SAMPLE_ONLY)
+ALL_NIC_METRICS = tuple(NIC_METRICS)
 # Link states keep the bin's best reading: a link that idles down to save power is back
 # at full speed whenever it carries traffic, a degraded one never is.
 BIN_MAX_METRICS = frozenset({"pcie_gen", "pcie_width", "ib_rate"})
@@ -30,8 +30,12 @@ class JobWindow:
     """Binned readings of one job; ``bins[b][node]['g'|'n'][dev][metric] = [sum, count]``
     (``[max, 1]`` for ``BIN_MAX_METRICS``), so ``sum / count`` is the bin's value."""
 
-    def __init__(self, bin_seconds: float, state: dict[str, Any] | None = None) -> None:
+    def __init__(self, bin_seconds: float, state: dict[str, Any] | None = None,
+                 gpu_metrics: tuple[str, ...] = ALL_GPU_METRICS,
+                 nic_metrics: tuple[str, ...] = ALL_NIC_METRICS) -> None:
         self.bin_seconds = bin_seconds
+        self.gpu_metrics = gpu_metrics
+        self.nic_metrics = nic_metrics
         self.bins: dict[str, dict[str, Any]] = (state or {}).get("bins", {})
         # (section, bin) → (entities, metric → column): sealed bins never change, so their
         # columns are built once. Derived data: not part of the persisted state.
@@ -49,8 +53,8 @@ class JobWindow:
         """Fold one validated sample into its bin."""
         node_bin = self.bins.setdefault(str(self.bin_of(sample["ts"])), {}).setdefault(
             sample["node"], {"g": {}, "n": {}})
-        for section, source, names in (("g", sample["gpus"], WINDOW_GPU_METRICS),
-                                       ("n", sample["nics"], WINDOW_NIC_METRICS)):
+        for section, source, names in (("g", sample["gpus"], self.gpu_metrics),
+                                       ("n", sample["nics"], self.nic_metrics)):
             target = node_bin[section]
             for dev, readings in source.items():
                 acc = target.setdefault(dev, {})
@@ -136,8 +140,8 @@ class WindowView:
         self.gpus = window.entities("g", bins)
         self.nics = window.entities("n", bins)
         self.nodes = sorted({n for n, _ in self.gpus} | {n for n, _ in self.nics})
-        self._gpu = window.matrices("g", WINDOW_GPU_METRICS, self.gpus, bins)
-        self._nic = window.matrices("n", WINDOW_NIC_METRICS, self.nics, bins)
+        self._gpu = window.matrices("g", window.gpu_metrics, self.gpus, bins)
+        self._nic = window.matrices("n", window.nic_metrics, self.nics, bins)
         node_of = {n: i for i, n in enumerate(self.nodes)}
         slots: dict[str, int] = {}
         self._node_idx = np.empty(len(self.gpus), dtype=np.int64)
