@@ -1,47 +1,118 @@
-"""`vigil alerter`: consume ``vigil.detections`` into Redis, committing after each batch.
+"""`vigil alerter`: detections → Redis live state → on-call channels.
 
 Offsets are committed only once a batch is in Redis, so a crash replays it, and the
-idempotent writes of ``LiveState`` make the replay harmless. A malformed detection
-is logged and counted, never fatal.
+idempotent writes of ``LiveState`` make the replay harmless: a duplicate or stale
+detection changes nothing and notifies nobody. Channels deliver from their own
+threads; a dead channel never holds up the others or the Redis state.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
 from types import FrameType
+from typing import Any
 
 import redis
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
 
+from alerting.channels import (
+    AlertmanagerChannel,
+    Channel,
+    KafkaAlertsChannel,
+    PagerDutyChannel,
+    SlackChannel,
+    WebhookChannel,
+)
+from alerting.delivery import ChannelWorker, DeliveryPolicy
+from alerting.router import Route, Router
+from alerting.silences import SilenceStore
 from alerting.state import LiveState
 from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
-from contracts.errors import ContractError
+from contracts.errors import ConfigError, ContractError
 
 log = logging.getLogger(__name__)
 
 
-class Alerter:
-    """One consume → apply → commit loop."""
+def build_channels(cfg: Config, producer: Any = None) -> dict[str, tuple[Channel, Route, float]]:
+    """Configured channels with their routes and rate limits (empty address = off)."""
+    a = cfg.alerter
+    found: dict[str, tuple[Channel, Route, float]] = {}
+    try:
+        if a.alertmanager_url:
+            found["alertmanager"] = (AlertmanagerChannel(a.alertmanager_url),
+                                     Route.parse(a.alertmanager_route, resend=True), 10.0)
+        if a.slack_webhook is not None:
+            found["slack"] = (SlackChannel(a.slack_webhook),
+                              Route.parse(a.slack_route, pager=True), a.slack_rate_per_second)
+        if a.pagerduty_routing_key is not None:
+            found["pagerduty"] = (PagerDutyChannel(a.pagerduty_routing_key, a.pagerduty_url),
+                                  Route.parse(a.pagerduty_route, pager=True),
+                                  a.pagerduty_rate_per_second)
+        if a.webhook_url:
+            if a.webhook_secret is None:
+                raise ConfigError("alerter.webhook_url needs alerter.webhook_secret to sign with")
+            found["webhook"] = (WebhookChannel(a.webhook_url, a.webhook_secret),
+                                Route.parse(a.webhook_route), 10.0)
+        if a.kafka_alerts:
+            producer = producer or KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
+            found["kafka"] = (KafkaAlertsChannel(producer, topics.topic(
+                topics.ALERTS, cfg.kafka.topic_prefix)), Route.parse(a.kafka_alerts_route), 100.0)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return found
 
-    def __init__(self, cfg: Config, consumer: KafkaConsumer, state: LiveState) -> None:
+
+class Alerter:
+    """One consume → apply → route → deliver loop."""
+
+    def __init__(self, cfg: Config, consumer: Any, state: LiveState,
+                 channels: dict[str, tuple[Channel, Route, float]] | None = None) -> None:
         self.cfg = cfg
         self.consumer = consumer
         self.state = state
-        self.applied = 0
-        self.duplicates = 0
-        self.invalid = 0
+        self.silences = SilenceStore(state.r, state.prefix)
+        channels = channels or {}
+        a = cfg.alerter
+        self.router = Router({n: c[1] for n, c in channels.items()}, self.silences,
+                             a.page_after_seconds, a.resend_seconds, a.flap_max,
+                             a.flap_window_seconds)
+        self.workers = {
+            name: ChannelWorker(channel, DeliveryPolicy(
+                rate_per_second=rate, max_attempts=a.max_attempts,
+                give_up_after_seconds=a.give_up_after_seconds), self._outcome)
+            for name, (channel, _, rate) in channels.items()}
+        self.applied = self.duplicates = self.invalid = 0
+        self.outcomes: dict[str, int] = {}
         self._stop = False
+        self._restore()
+
+    def _restore(self) -> None:
+        """After a restart: open incidents and who was told of them, from Redis."""
+        for det in self.state.open_incidents():
+            self.router.restore(det, self.state.told(det["job"], det["id"]))
+
+    def _outcome(self, channel: str, det: dict[str, Any], result: str, attempts: int,
+                 why: str) -> None:
+        self.outcomes[result] = self.outcomes.get(result, 0) + 1
+        self.state.log_delivery(channel, det, result, attempts, why)
+        if result == "delivered" and det["state"] == "firing":
+            self.state.mark_told(det["job"], det["id"], channel)
+
+    def _dispatch(self, pairs: list[tuple[str, dict[str, Any]]]) -> None:
+        for name, det in pairs:
+            self.workers[name].submit(det)
 
     def stop(self, *_: object) -> None:
         """Ask the loop to finish its batch and return."""
         self._stop = True
 
     def poll_once(self, timeout_ms: int = 1000) -> int:
-        """Handle one poll's records; returns how many there were."""
+        """Handle one poll's records and the router's timers; returns the record count."""
         batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=500)
         count = 0
         for records in batches.values():
@@ -56,10 +127,12 @@ class Alerter:
                     continue
                 if self.state.apply(det):
                     self.applied += 1
+                    self._dispatch(self.router.handle(det))
                 else:
                     self.duplicates += 1
         if count:
             self.consumer.commit()
+        self._dispatch(self.router.tick())
         return count
 
     def run(self, max_seconds: float | None = None) -> None:
@@ -68,26 +141,38 @@ class Alerter:
         while not self._stop and (deadline is None or time.monotonic() < deadline):
             self.poll_once()
 
+    def close(self) -> None:
+        """Give channels a moment to finish, then stop them (the rest is dead-lettered)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(w.pending() for w in self.workers.values()):
+            time.sleep(0.1)
+        for worker in self.workers.values():
+            worker.close()
+
 
 def run_alerter(cfg: Config, max_seconds: float | None = None) -> int:
-    """Build the consumer and Redis client from config and run until SIGTERM/SIGINT."""
+    """Build the consumer, Redis client and channels from config; run until signalled."""
+    state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix,
+                      cfg.redis.history_max)
+    channels = build_channels(cfg)
     consumer = KafkaConsumer(
         topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
         bootstrap_servers=cfg.kafka_bootstrap, group_id=cfg.alerter.group_id,
         enable_auto_commit=False, auto_offset_reset="earliest")
-    state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix,
-                      cfg.redis.history_max)
-    alerter = Alerter(cfg, consumer, state)
+    alerter = Alerter(cfg, consumer, state, channels)
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         alerter.stop()
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    log.info("alerter channels: %s", ", ".join(channels) or "none (Redis only)")
     try:
         alerter.run(max_seconds)
     finally:
+        alerter.close()
         consumer.close()
-        log.info("alerter stopped: %d applied, %d duplicates, %d invalid",
-                 alerter.applied, alerter.duplicates, alerter.invalid)
+        log.info("alerter stopped: %d applied, %d duplicates, %d invalid; deliveries %s",
+                 alerter.applied, alerter.duplicates, alerter.invalid,
+                 json.dumps(alerter.outcomes, sort_keys=True))
     return 0

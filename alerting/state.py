@@ -8,6 +8,11 @@ one job's keys share a slot and the compare-and-set below is atomic there):
 - ``P:open-jobs``            set of jobs with open incidents (fleet-wide index)
 - ``P:history``              stream of applied detections, capped near ``history_max``
 - ``P:updates``              pub/sub channel: every applied detection
+- ``P:deliveries``           stream: every channel delivery outcome (capped)
+- ``P:undelivered``          stream: what a channel gave up on, with why (capped)
+
+The incident hash also records ``told:<channel>`` for channels that delivered its
+firing, so a restarted alerter sends resolves to the same channels.
 
 Writes are idempotent and ordered: a detection is applied only when it is newer
 than what the incident key holds (later ``detected_at``; at equal time, resolved
@@ -91,6 +96,33 @@ class LiveState:
                     approximate=True)
         self.r.publish(self.updates_channel, body)
         return True
+
+    def mark_told(self, job: str, incident: str, channel: str) -> None:
+        """Remember that ``channel`` delivered this incident's firing."""
+        self.r.hset(self.incident_key(job, incident), f"told:{channel}", 1)
+
+    def told(self, job: str, incident: str) -> set[str]:
+        """Channels that delivered this incident's firing."""
+        fields: list[bytes] = self.r.hkeys(self.incident_key(job, incident))  # type: ignore[assignment]
+        return {f.decode()[5:] for f in fields if f.startswith(b"told:")}
+
+    def log_delivery(self, channel: str, det: dict[str, Any], result: str, attempts: int,
+                     why: str) -> None:
+        """Append to the delivery log; dead letters also go to ``P:undelivered``."""
+        entry: dict[Any, Any] = {"channel": channel, "incident": det["id"], "job": det["job"],
+                 "state": det["state"], "result": result, "attempts": attempts, "why": why[:300]}
+        self.r.xadd(f"{self.prefix}:deliveries", entry, maxlen=self.history_max,
+                    approximate=True)
+        if result == "dead_letter":
+            self.r.xadd(f"{self.prefix}:undelivered",
+                        {**entry, "detection": json.dumps(det, separators=(",", ":"))},
+                        maxlen=self.history_max, approximate=True)
+
+    def deliveries(self, count: int = 100) -> list[dict[str, str]]:
+        """The latest delivery outcomes, newest first."""
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = self.r.xrevrange(  # type: ignore[assignment]
+            f"{self.prefix}:deliveries", count=count)
+        return [{k.decode(): v.decode() for k, v in f.items()} for _, f in entries]
 
     def open_incidents(self, job: str | None = None) -> list[dict[str, Any]]:
         """Firing detections of one job, or of the whole fleet."""

@@ -129,9 +129,30 @@ class DetectConfig:
 
 @dataclass(frozen=True)
 class AlerterConfig:
-    """The alerter: consumer group and Redis bookkeeping."""
+    """The alerter: consumer group, channels (each off while its address is empty),
+    routes (``"severity>=warning kinds=hang,gpu_health jobs=prod-*"``) and timers."""
 
     group_id: str = "vigil-alerter"
+    alertmanager_url: str = ""
+    alertmanager_route: str = ""
+    slack_webhook: Secret | None = None
+    slack_route: str = "severity>=warning"
+    slack_rate_per_second: float = 1.0
+    pagerduty_routing_key: Secret | None = None
+    pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
+    pagerduty_route: str = "severity>=critical"
+    pagerduty_rate_per_second: float = 2.0
+    webhook_url: str = ""
+    webhook_secret: Secret | None = None
+    webhook_route: str = ""
+    kafka_alerts: bool = False
+    kafka_alerts_route: str = ""
+    page_after_seconds: float = 60.0
+    resend_seconds: float = 60.0
+    flap_max: int = 3
+    flap_window_seconds: float = 1800.0
+    max_attempts: int = 6
+    give_up_after_seconds: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,16 @@ def _replay(cfg: Config, args: argparse.Namespace) -> int:
     return replay(cfg, args)
 
 
+def _silence(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.commands import silence
+    return silence(cfg, args)
+
+
+def _ack(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.commands import ack
+    return ack(cfg, args)
+
+
 def _select(cfg: Config, args: argparse.Namespace) -> int:
     from vigil.commands import select_metrics
     return select_metrics(cfg, args)
@@ -135,6 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
     alerts = add("alerts", _alerts, "list open incidents from Redis")
     alerts.add_argument("--job", help="only this job")
     alerts.add_argument("--kind", help="only this detection kind")
+
+    sil = add("silence", _silence, "silence notifications matching labels (Redis-wide)")
+    sil.add_argument("action", choices=["add", "list", "expire"])
+    sil.add_argument("id", nargs="?", help="silence id (expire)")
+    sil.add_argument("--match", action="append",
+                     help="label=value (kind, severity, job, node, gpu, incident; * globs)")
+    sil.add_argument("--for", dest="duration", default="1h", help="90s, 30m, 2h, 1d")
+    sil.add_argument("--comment")
+    sil.add_argument("--by", help="who (default: login name)")
+
+    ackp = add("ack", _ack, "acknowledge an incident: pagers stop re-notifying it")
+    ackp.add_argument("incident")
+    ackp.add_argument("--by", help="who (default: login name)")
     return parser
 
 

@@ -149,3 +149,63 @@ def select_metrics(cfg: Config, args: argparse.Namespace) -> int:
     print(f"always kept (health signals): {', '.join(sorted(health))}")
     print("agent catalog: metrics = " + json.dumps(result.keep))
     return 0
+
+
+def _silences(cfg: Config) -> Any:
+    import redis
+
+    from alerting.silences import SilenceStore
+
+    return SilenceStore(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    except (ValueError, IndexError):
+        raise ContractError("bad_value", f"duration {text!r}: use 90s, 30m, 2h or 1d") from None
+
+
+def silence(cfg: Config, args: argparse.Namespace) -> int:
+    """Add, list or expire silences (shared by every alerter through Redis)."""
+    import getpass
+
+    store = _silences(cfg)
+    if args.action == "add":
+        matchers = {}
+        for item in args.match or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                print(f"vigil: --match {item!r}: use label=value", file=sys.stderr)
+                return 2
+            matchers[key] = value
+        if not matchers:
+            print("vigil: a silence needs at least one --match label=value", file=sys.stderr)
+            return 2
+        ident = store.add(matchers, _duration(args.duration), args.by or getpass.getuser(),
+                          args.comment or "")
+        print(f"silence {ident}")
+    elif args.action == "list":
+        active = store.active()
+        if not active:
+            print("no active silences")
+        for ident, s in sorted(active.items(), key=lambda kv: kv[1]["ends_at"]):
+            left = (s["ends_at"] - time.time()) / 60
+            match = " ".join(f"{k}={v}" for k, v in s["matchers"].items())
+            print(f"{ident}  {match:40} {left:6.0f} min left  by {s['by']}: {s['comment']}")
+    elif args.action == "expire":
+        if not args.id or not store.expire(args.id):
+            print(f"vigil: no silence {args.id!r}", file=sys.stderr)
+            return 1
+        print(f"silence {args.id} expired")
+    return 0
+
+
+def ack(cfg: Config, args: argparse.Namespace) -> int:
+    """Acknowledge an incident: pager channels stop re-notifying it."""
+    import getpass
+
+    _silences(cfg).ack(args.incident, args.by or getpass.getuser())
+    print(f"acknowledged {args.incident}")
+    return 0

@@ -210,20 +210,22 @@ def _log_has(svc: Service, needle: str, offset: int) -> bool:
         return False
 
 
-def _redis_binary() -> str:
-    found = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+def debian_binary(binary: str, package: str) -> str:
+    """Path of ``binary``; installs Debian's ``package`` with apt-get when missing and
+    running as root, else says what to install."""
+    path = Path("/usr/bin") / binary
+    found = shutil.which(binary) or (str(path) if path.exists() else None)
     if found:
         return found
     if os.geteuid() == 0 and shutil.which("apt-get"):
-        _say("redis-server missing: installing Debian's redis-server with apt-get...")
+        _say(f"{binary} missing: installing Debian's {package} with apt-get...")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         for cmd in (["apt-get", "update", "-qq"],
-                    ["apt-get", "install", "-y", "-qq", "redis-server"]):
+                    ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]):
             subprocess.run(cmd, check=False, env=env, stdout=subprocess.DEVNULL)
-        if Path("/usr/bin/redis-server").exists():
-            return "/usr/bin/redis-server"
-    raise StackError("redis-server not found: install it (apt-get install redis-server)")
+        if path.exists():
+            return str(path)
+    raise StackError(f"{binary} not found: install it (apt-get install {package})")
 
 
 def redis_ping(port: int) -> bool:
@@ -238,7 +240,7 @@ def redis_ping(port: int) -> bool:
 
 def start_redis(config: Config, svc: Service, timeout: float = 30.0) -> None:
     """Start redis-server on loopback with its data and log under the stack dir."""
-    binary = _redis_binary()
+    binary = debian_binary("redis-server", "redis-server")
     svc.datadir.mkdir(parents=True, exist_ok=True)
     svc.spawn([binary, "--port", str(svc.port), "--bind", "127.0.0.1", "--protected-mode", "yes",
                "--dir", str(svc.datadir.resolve()), "--appendonly", "yes", "--save", "",

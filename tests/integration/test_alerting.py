@@ -1,0 +1,194 @@
+"""Alerting against real Redis, a real Alertmanager and real Kafka."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from kafka import KafkaConsumer, KafkaProducer
+
+from alerting.channels import AlertmanagerChannel
+from alerting.service import Alerter, build_channels
+from alerting.silences import SilenceStore
+from alerting.state import LiveState
+from contracts import topics
+from contracts.codec import encode_detection
+from contracts.config import Config, load
+from tests.alerting.http_recorder import Recorder
+from tests.alerting.test_delivery import det
+from vigil.kafka_admin import ensure_topics
+from vigil.localstack import debian_binary
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[str]:
+    """Debian's prometheus-alertmanager on a free loopback port."""
+    binary = debian_binary("prometheus-alertmanager", "prometheus-alertmanager")
+    config = tmp_path / "am.yml"
+    config.write_text('route:\n  receiver: "null"\n  group_wait: 1s\nreceivers:\n'
+                      '  - name: "null"\n')
+    port = _free_port()
+    proc = subprocess.Popen([binary, f"--config.file={config}",
+                             f"--storage.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}",
+                             "--cluster.listen-address="],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(url + "/-/ready", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _am_alerts(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(url + "/api/v2/alerts", timeout=5) as resp:
+        return list(json.loads(resp.read()))
+
+
+def test_firing_shows_in_alertmanager_and_leaves_after_resolve(alertmanager: str) -> None:
+    channel = AlertmanagerChannel(alertmanager)
+    firing = dict(det(), started_at=time.time() - 30, detected_at=time.time())
+    channel.send(firing)
+    alerts = _am_alerts(alertmanager)
+    assert [a["labels"]["incident"] for a in alerts] == ["straggler-1"]
+    assert alerts[0]["labels"]["alertname"] == "VigilStraggler"
+    assert alerts[0]["labels"]["gpu"] == "3" and alerts[0]["status"]["state"] == "active"
+    channel.send(dict(firing, state="resolved", detected_at=time.time()))
+    time.sleep(0.5)
+    assert _am_alerts(alertmanager) == []
+
+
+def _publish(cfg: Config, dets: list[dict[str, Any]]) -> None:
+    ensure_topics(cfg)
+    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
+    for d in dets:
+        producer.send(topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
+                      key=d["job"].encode(), value=encode_detection(d))
+    producer.flush()
+    producer.close()
+
+
+def _alerter(cfg: Config) -> Alerter:
+    consumer = KafkaConsumer(topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
+                             bootstrap_servers=cfg.kafka_bootstrap, group_id=cfg.alerter.group_id,
+                             enable_auto_commit=False, auto_offset_reset="earliest")
+    state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    return Alerter(cfg, consumer, state, build_channels(cfg))
+
+
+def _run(alerter: Alerter, until: Any, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not until():
+        alerter.poll_once(timeout_ms=300)
+
+
+def test_duplicated_and_replayed_detections_page_once(
+        isolated_env: dict[str, str], alertmanager: str) -> None:
+    now = time.time()
+    fire = dict(det(), started_at=now - 60, detected_at=now - 50)
+    resolve = dict(fire, state="resolved", detected_at=now - 10)
+    with Recorder() as pd, Recorder() as hook:
+        cfg = load(env=dict(isolated_env, VIGIL_ALERTER_ALERTMANAGER_URL=alertmanager,
+                            VIGIL_ALERTER_PAGERDUTY_ROUTING_KEY="rk",
+                            VIGIL_ALERTER_PAGERDUTY_URL=pd.url + "/v2/enqueue",
+                            VIGIL_ALERTER_WEBHOOK_URL=hook.url,
+                            VIGIL_ALERTER_WEBHOOK_SECRET="k",
+                            VIGIL_ALERTER_PAGE_AFTER_SECONDS="0"))
+        _publish(cfg, [fire, fire, fire])  # redelivered twice
+        alerter = _alerter(cfg)
+        try:
+            _run(alerter, lambda: len(pd.requests) >= 1 and len(hook.requests) >= 1)
+            assert [a["labels"]["incident"] for a in _am_alerts(alertmanager)] == [fire["id"]]
+            _publish(cfg, [resolve, fire, resolve])  # then a stale replay and a duplicate
+            _run(alerter, lambda: len(pd.requests) >= 2 and len(hook.requests) >= 2)
+            time.sleep(1.5)
+            alerter.poll_once(timeout_ms=300)
+        finally:
+            alerter.close()
+            alerter.consumer.close()
+    assert [r.json()["event_action"] for r in pd.requests] == ["trigger", "resolve"]
+    assert [r.json()["state"] for r in hook.requests] == ["firing", "resolved"]
+    assert _am_alerts(alertmanager) == []
+    assert alerter.duplicates == 4 and alerter.applied == 2  # 2 redeliveries, a stale, a dup
+    log = alerter.state.deliveries()
+    assert {(e["channel"], e["state"], e["result"]) for e in log} == {
+        (c, s, "delivered") for c in ("alertmanager", "pagerduty", "webhook")
+        for s in ("firing", "resolved")}
+
+
+def test_silence_ack_and_page_delay(isolated_env: dict[str, str]) -> None:
+    now = time.time()
+    with Recorder() as pd:
+        cfg = load(env=dict(isolated_env, VIGIL_ALERTER_PAGERDUTY_ROUTING_KEY="rk",
+                            VIGIL_ALERTER_PAGERDUTY_URL=pd.url,
+                            VIGIL_ALERTER_PAGERDUTY_ROUTE="severity>=warning",
+                            VIGIL_ALERTER_PAGE_AFTER_SECONDS="2"))
+        store = SilenceStore(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+        store.add({"job": "job-quiet*"}, 3600, by="test")
+        blip = dict(det(ident="blip-1", job="job-b"), detected_at=now)
+        blip_end = dict(blip, state="resolved", detected_at=now + 1)
+        quiet = dict(det(ident="quiet-1", job="job-quiet-3"), detected_at=now)
+        real = dict(det(ident="real-1", job="job-r"), detected_at=now)
+        known = dict(det(ident="known-1", job="job-k"), detected_at=now)
+        store.ack("known-1", by="oncall")  # acknowledged before the page was due
+        _publish(cfg, [blip, blip_end, quiet, real, known])
+        alerter = _alerter(cfg)
+        try:
+            _run(alerter, lambda: alerter.applied >= 5, timeout=20)
+            assert pd.requests == [], "paged before page_after_seconds"
+            _run(alerter, lambda: len(pd.requests) >= 1, timeout=10)
+            time.sleep(1)
+            alerter.poll_once(timeout_ms=200)
+        finally:
+            alerter.close()
+            alerter.consumer.close()
+    assert [r.json()["dedup_key"] for r in pd.requests] == ["real-1"]
+    assert alerter.router.suppressed == {"quiet-1": alerter.router.suppressed["quiet-1"]}
+    assert alerter.router.suppressed["quiet-1"].startswith("silenced by")
+
+
+def test_cli_silence_ack_and_alerts(isolated_env: dict[str, str]) -> None:
+    import sys
+    vigil = [sys.executable, "-m", "vigil.cli"]
+
+    def run(*args: str) -> str:
+        return subprocess.run([*vigil, *args], env=isolated_env, check=True, text=True,
+                              capture_output=True, timeout=60).stdout
+
+    out = run("silence", "add", "--match", "kind=straggler", "--match", "job=prod-*",
+              "--for", "2h", "--comment", "rack 12 maintenance")
+    ident = out.split()[-1]
+    listing = run("silence", "list")
+    assert ident in listing and "kind=straggler" in listing and "rack 12" in listing
+    cfg = load(env=isolated_env)
+    store = SilenceStore(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    assert store.silenced_by({"kind": "straggler", "job": "prod-4"}) == ident
+    assert store.silenced_by({"kind": "hang", "job": "prod-4"}) is None
+    run("silence", "expire", ident)
+    assert store.silenced_by({"kind": "straggler", "job": "prod-4"}) is None
+    run("ack", "straggler-xyz", "--by", "alice")
+    assert store.acked("straggler-xyz")
