@@ -27,6 +27,8 @@ from alerting.channels import (
     WebhookChannel,
 )
 from alerting.delivery import ChannelWorker, DeliveryPolicy
+from alerting.executors import CommandExecutor, Executor, KubernetesExecutor, SlurmExecutor
+from alerting.remediation import Remediator
 from alerting.router import Route, Router
 from alerting.silences import SilenceStore
 from alerting.state import LiveState
@@ -67,6 +69,41 @@ def build_channels(cfg: Config, producer: Any = None) -> dict[str, tuple[Channel
     return found
 
 
+def build_executor(cfg: Config) -> Executor:
+    """The configured remediation executor."""
+    a = cfg.alerter
+    if a.remediation_executor == "slurm":
+        return SlurmExecutor()
+    if a.remediation_executor == "kubernetes":
+        return KubernetesExecutor(a.kubernetes_api, a.kubernetes_token, a.kubernetes_ca_file)
+    if a.remediation_executor == "command":
+        return CommandExecutor(a.remediation_command)
+    raise ConfigError(f"alerter.remediation_executor {a.remediation_executor!r}: "
+                      "use slurm, kubernetes or command")
+
+
+def build_remediator(cfg: Config, state: LiveState) -> Remediator | None:
+    """The remediator when enabled; its audit also goes to the ``vigil.actions`` topic."""
+    if not cfg.alerter.remediation_enabled:
+        return None
+    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
+    topic = topics.topic(topics.ACTIONS, cfg.kafka.topic_prefix)
+
+    def publish(record: dict[str, Any]) -> None:
+        """Synchronous: actions are rare, and an audit record must not sit in a buffer."""
+        try:
+            producer.send(topic, key=record["job"].encode(),
+                          value=json.dumps(record, separators=(",", ":")).encode()
+                          ).get(timeout=10)
+        except Exception:  # the Redis audit already has it; say so and go on
+            log.exception("could not publish remediation audit %s to %s", record["id"], topic)
+
+    def is_open(det: dict[str, Any]) -> bool:
+        return any(d["id"] == det["id"] for d in state.open_incidents(job=det["job"]))
+
+    return Remediator(cfg.alerter, state.r, state.prefix, build_executor(cfg), is_open, publish)
+
+
 class Alerter:
     """One consume → apply → route → deliver loop."""
 
@@ -86,6 +123,7 @@ class Alerter:
                 rate_per_second=rate, max_attempts=a.max_attempts,
                 give_up_after_seconds=a.give_up_after_seconds), self._outcome)
             for name, (channel, _, rate) in channels.items()}
+        self.remediator = build_remediator(cfg, state)
         self.applied = self.duplicates = self.invalid = 0
         self.outcomes: dict[str, int] = {}
         self._stop = False
@@ -95,6 +133,8 @@ class Alerter:
         """After a restart: open incidents and who was told of them, from Redis."""
         for det in self.state.open_incidents():
             self.router.restore(det, self.state.told(det["job"], det["id"]))
+            if self.remediator is not None:
+                self.remediator.consider(det)
 
     def _outcome(self, channel: str, det: dict[str, Any], result: str, attempts: int,
                  why: str) -> None:
@@ -128,11 +168,15 @@ class Alerter:
                 if self.state.apply(det):
                     self.applied += 1
                     self._dispatch(self.router.handle(det))
+                    if self.remediator is not None:
+                        self.remediator.consider(det)
                 else:
                     self.duplicates += 1
         if count:
             self.consumer.commit()
         self._dispatch(self.router.tick())
+        if self.remediator is not None:
+            self.remediator.tick()
         return count
 
     def run(self, max_seconds: float | None = None) -> None:

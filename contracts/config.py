@@ -153,6 +153,23 @@ class AlerterConfig:
     flap_window_seconds: float = 1800.0
     max_attempts: int = 6
     give_up_after_seconds: float = 600.0
+    # Remediation: off unless enabled, and a dry run unless dry_run = false.
+    remediation_enabled: bool = False
+    remediation_dry_run: bool = True
+    remediation_executor: str = "slurm"  # slurm | kubernetes | command
+    remediation_command: str = ""  # for "command": argv template, {action} {node} {gpu} {job}
+    kubernetes_api: str = "https://kubernetes.default.svc"
+    kubernetes_token: Secret | None = None
+    kubernetes_ca_file: str = ""
+    confirm_seconds: float = 120.0
+    node_cooldown_seconds: float = 3600.0
+    max_actions_per_hour: int = 5
+    max_job_share: float = 0.25
+    max_fleet_share: float = 0.05
+    fleet_nodes: int = 0  # 0: unknown, the fleet-share rail then allows one node at a time
+    opt_out: str = ""  # comma-separated node or job patterns never acted on
+    repeat_offender_count: int = 2  # actions on one node within 7 days before a person decides
+    straggler_cordon_after_seconds: float = 600.0
 
 
 @dataclass(frozen=True)

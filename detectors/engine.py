@@ -76,7 +76,9 @@ class JobEngine:
         self.window.add(sample)
         self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts, sample["ts"])
         immediate = self.health.ingest(sample)
-        return self.tracker.update(sample["ts"], immediate, set()) if immediate else []
+        if not immediate:
+            return []
+        return self._with_job_size(self.tracker.update(sample["ts"], immediate, set()))
 
     def advance(self) -> list[dict[str, Any]]:
         """Evaluate every bin closed by the watermark; return detections to publish."""
@@ -107,7 +109,17 @@ class JobEngine:
 
     def _evaluate(self, last_bin: int) -> list[dict[str, Any]]:
         now = (last_bin + 1) * self.cfg.bin_seconds
-        return self.tracker.update(now, self.findings(last_bin), EVALUATED_KINDS)
+        out = self.tracker.update(now, self.findings(last_bin), EVALUATED_KINDS)
+        return self._with_job_size(out)
+
+    def _with_job_size(self, detections: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Add ``evidence.job_nodes`` (nodes heard from recently): remediation limits
+        act on a share of the job."""
+        if detections:
+            size = len(self.health.nodes)
+            for det in detections:
+                det["evidence"].setdefault("job_nodes", size)
+        return detections
 
 
 class ReplayRunner:

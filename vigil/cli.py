@@ -59,6 +59,11 @@ def _ack(cfg: Config, args: argparse.Namespace) -> int:
     return ack(cfg, args)
 
 
+def _actions(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.commands import actions
+    return actions(cfg, args)
+
+
 def _select(cfg: Config, args: argparse.Namespace) -> int:
     from vigil.commands import select_metrics
     return select_metrics(cfg, args)
@@ -154,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     sil.add_argument("--for", dest="duration", default="1h", help="90s, 30m, 2h, 1d")
     sil.add_argument("--comment")
     sil.add_argument("--by", help="who (default: login name)")
+
+    act = add("actions", _actions, "the remediation audit: every decision and why")
+    act.add_argument("--job", help="only this job")
+    act.add_argument("--count", type=int, default=50)
 
     ackp = add("ack", _ack, "acknowledge an incident: pagers stop re-notifying it")
     ackp.add_argument("incident")

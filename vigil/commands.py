@@ -209,3 +209,21 @@ def ack(cfg: Config, args: argparse.Namespace) -> int:
     _silences(cfg).ack(args.incident, args.by or getpass.getuser())
     print(f"acknowledged {args.incident}")
     return 0
+
+
+def actions(cfg: Config, args: argparse.Namespace) -> int:
+    """Print the remediation audit: every decision, acted on or not, and why."""
+    import redis
+
+    from alerting.remediation import audit_log
+
+    rows = audit_log(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix, args.count)
+    rows = [r for r in rows if not args.job or r["job"] == args.job]
+    if not rows:
+        print("no remediation decisions")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["decided_at"]))
+        gpu = f" gpu {r['gpu']}" if r.get("gpu") is not None else ""
+        print(f"{when} {r['decision']:9} {r['action']:17} {r['job']:12} {r['node']}{gpu}: "
+              f"{r['why']}")
+    return 0

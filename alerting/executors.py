@@ -1,0 +1,119 @@
+"""Who carries out a remediation action: Slurm, Kubernetes, or a user command.
+
+Each executor has one method, ``execute(action) -> str`` (what it did), and raises
+``ExecutorError`` when it could not.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import ssl
+import subprocess
+import urllib.request
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from contracts.config import Secret
+from contracts.errors import VigilError
+
+
+class ExecutorError(VigilError):
+    """The executor could not carry out the action."""
+
+
+class Executor(Protocol):
+    name: str
+
+    def execute(self, action: dict[str, Any]) -> str: ...
+
+
+def _reason(action: dict[str, Any]) -> str:
+    gpu = f" gpu {action['gpu']}" if action.get("gpu") is not None else ""
+    return f"vigil {action['action']}{gpu}: incident {action['incident']}"
+
+
+class SlurmExecutor:
+    """``scontrol update NodeName=… State=DRAIN Reason=…``: no new jobs on the node;
+    the reason tells the hardware team which GPU and which incident."""
+
+    name = "slurm"
+
+    def __init__(self, scontrol: str = "scontrol",
+                 run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> None:
+        self.scontrol = scontrol
+        self.run = run
+
+    def execute(self, action: dict[str, Any]) -> str:
+        argv = [self.scontrol, "update", f"NodeName={action['node']}", "State=DRAIN",
+                f"Reason={_reason(action)}"]
+        try:
+            done = self.run(argv, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ExecutorError(f"scontrol failed: {exc}") from None
+        if done.returncode != 0:
+            raise ExecutorError(f"scontrol exit {done.returncode}: {done.stderr.strip()[:300]}")
+        return " ".join(shlex.quote(a) for a in argv)
+
+
+class KubernetesExecutor:
+    """Cordon the node and taint it ``vigil.dev/gpu-fault=<gpu>:NoSchedule`` through the
+    API server (the node's existing taints are kept)."""
+
+    name = "kubernetes"
+    TAINT = "vigil.dev/gpu-fault"
+
+    def __init__(self, api: str, token: Secret | None, ca_file: str = "") -> None:
+        self.api = api.rstrip("/")
+        self.token = token
+        self.context = ssl.create_default_context(cafile=ca_file or None)
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token.reveal()}"
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/merge-patch+json"
+            data = json.dumps(body).encode()
+        request = urllib.request.Request(self.api + path, data=data, method=method,
+                                         headers=headers)
+        try:
+            context = self.context if self.api.startswith("https") else None
+            with urllib.request.urlopen(request, timeout=30, context=context) as resp:
+                return json.loads(resp.read() or b"{}")
+        except (OSError, ValueError) as exc:
+            raise ExecutorError(f"Kubernetes {method} {path}: {exc}") from None
+
+    def execute(self, action: dict[str, Any]) -> str:
+        path = f"/api/v1/nodes/{action['node']}"
+        node = self._call("GET", path)
+        taints = [t for t in node.get("spec", {}).get("taints", []) or []
+                  if t.get("key") != self.TAINT]
+        taints.append({"key": self.TAINT, "value": str(action.get("gpu") or "node"),
+                       "effect": "NoSchedule"})
+        self._call("PATCH", path, {"spec": {"unschedulable": True, "taints": taints}})
+        return f"cordoned {action['node']} and tainted {self.TAINT}"
+
+
+class CommandExecutor:
+    """A site's own command: an argv template with ``{action} {node} {gpu} {job}
+    {incident}`` placeholders (no shell)."""
+
+    name = "command"
+
+    def __init__(self, template: str) -> None:
+        if not template.strip():
+            raise ExecutorError("alerter.remediation_command is empty")
+        self.template = shlex.split(template)
+
+    def execute(self, action: dict[str, Any]) -> str:
+        fields = {k: "" if v is None else str(v) for k, v in action.items()}
+        argv = [part.format(**fields) for part in self.template]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ExecutorError(f"{argv[0]} failed: {exc}") from None
+        if done.returncode != 0:
+            raise ExecutorError(f"{argv[0]} exit {done.returncode}: {done.stderr.strip()[:300]}")
+        return " ".join(shlex.quote(a) for a in argv)

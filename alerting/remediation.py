@@ -1,0 +1,164 @@
+"""Remediation triggers, guarded: detections → actions → rails → executor or not.
+
+Policy (which detection asks for what):
+- ``gpu_health`` whose cause says replace (XID 48, 64, 79, 95, 140, double-bit ECC)
+  → ``drain_and_replace``; cause says reset (XID 62, 74, 94, 119, 120) → ``reset_gpu``.
+- ``straggler`` still firing ``straggler_cordon_after_seconds`` after it fired → ``cordon``.
+
+Rails, in order; the first that says no decides, and every decision is audited (a
+Redis stream and the ``vigil.actions`` topic): opt-out list; repeat offender (a
+person decides: escalate); node cooldown; per-node lock; at most K actions an hour;
+at most P% of the job's nodes (but always one) and of the fleet's within the
+cooldown; then a dry
+run (the default) or the executor. An action waits ``confirm_seconds`` and is
+dropped if its incident resolved meanwhile.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from alerting.executors import Executor, ExecutorError
+from contracts.config import AlerterConfig
+
+log = logging.getLogger(__name__)
+WEEK = 7 * 86400.0
+
+
+def plan(det: dict[str, Any], cfg: AlerterConfig) -> tuple[str, float] | None:
+    """(action, seconds to wait after firing) a firing detection asks for, if any."""
+    if det["state"] != "firing" or det["node"] is None:
+        return None
+    if det["kind"] == "gpu_health":
+        cause = det["evidence"].get("action")
+        if cause == "replace" or det["evidence"].get("metric") == "ecc_dbe":
+            return "drain_and_replace", cfg.confirm_seconds
+        if cause == "reset":
+            return "reset_gpu", cfg.confirm_seconds
+    if det["kind"] == "straggler":
+        return "cordon", max(cfg.confirm_seconds, cfg.straggler_cordon_after_seconds)
+    return None
+
+
+class Remediator:
+    """Holds planned actions until due, applies the rails, executes or records why not."""
+
+    def __init__(self, cfg: AlerterConfig, r: redis.Redis, prefix: str, executor: Executor,
+                 is_open: Callable[[dict[str, Any]], bool],
+                 publish: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.cfg = cfg
+        self.r = r
+        self.base = f"{prefix}:remediation{':dry' if cfg.remediation_dry_run else ''}"
+        self.audit_key = f"{prefix}:actions"
+        self.executor = executor
+        self.is_open = is_open
+        self.publish = publish
+        self.pending: dict[str, dict[str, Any]] = {}
+        self.opt_out = [p.strip() for p in cfg.opt_out.split(",") if p.strip()]
+
+    def consider(self, det: dict[str, Any], now: float | None = None) -> None:
+        """A detection was applied: plan an action, or cancel one whose incident resolved."""
+        now = time.time() if now is None else now
+        if det["state"] == "resolved":
+            action = self.pending.pop(det["id"], None)
+            if action:
+                self._audit(action, "skipped", "incident resolved before confirmation", now)
+            return
+        planned = plan(det, self.cfg)
+        if planned is None or det["id"] in self.pending:
+            return
+        kind, wait = planned
+        self.pending[det["id"]] = {
+            "id": uuid.uuid5(uuid.NAMESPACE_URL, f"{det['id']}|{kind}").hex[:16],
+            "action": kind, "job": det["job"], "node": det["node"], "gpu": det["gpu"],
+            "incident": det["id"], "summary": det["summary"],
+            "job_nodes": int(det["evidence"].get("job_nodes") or 0),
+            "planned_at": now, "due_at": now + wait, "_det": det}
+
+    def tick(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Decide every action that is due; returns the audit records written."""
+        now = time.time() if now is None else now
+        done = []
+        for incident, action in sorted(self.pending.items(), key=lambda kv: kv[1]["due_at"]):
+            if action["due_at"] > now:
+                continue
+            del self.pending[incident]
+            if not self.is_open(action["_det"]):
+                done.append(self._audit(action, "skipped", "incident no longer open", now))
+                continue
+            done.append(self._decide(action, now))
+        return done
+
+    def _decide(self, action: dict[str, Any], now: float) -> dict[str, Any]:
+        cfg, node, job = self.cfg, action["node"], action["job"]
+        if any(fnmatch.fnmatchcase(node, p) or fnmatch.fnmatchcase(job, p)
+               for p in self.opt_out):
+            return self._audit(action, "skipped", "node or job is on the opt-out list", now)
+        history = f"{self.base}:history:{node}"
+        self.r.zremrangebyscore(history, 0, now - WEEK)
+        if self.r.zcard(history) >= cfg.repeat_offender_count:
+            return self._audit(action, "escalated", f"{node} was acted on "
+                               f"{self.r.zcard(history)} times this week: a person decides", now)
+        recent = f"{self.base}:recent"
+        self.r.zremrangebyscore(recent, 0, now - cfg.node_cooldown_seconds)
+        members = [m.decode() for m in self.r.zrange(recent, 0, -1)]  # type: ignore[union-attr]
+        if any(m.split("|", 1)[1] == node for m in members):
+            return self._audit(action, "skipped", "node is in its cooldown", now)
+        if not self.r.set(f"{self.base}:lock:{node}", action["id"], nx=True, ex=300):
+            return self._audit(action, "skipped", "another action holds the node's lock", now)
+        try:
+            hour = [m for m in members
+                    if (self.r.zscore(recent, m) or 0) >= now - 3600]
+            if len(hour) >= cfg.max_actions_per_hour:
+                return self._audit(action, "skipped",
+                                   f"{cfg.max_actions_per_hour} actions in the last hour", now)
+            in_job = {m.split("|", 1)[1] for m in members if m.split("|", 1)[0] == job}
+            # one node of any job is always allowed: a small job with a dead GPU is
+            # already broken; the rail keeps a big job from losing many nodes at once
+            job_cap = max(1, int(cfg.max_job_share * action["job_nodes"]))
+            if len(in_job) + 1 > job_cap:
+                return self._audit(action, "skipped", f"would exceed {cfg.max_job_share:.0%} "
+                                   f"of job {job}'s {action['job_nodes']} nodes", now)
+            fleet = {m.split("|", 1)[1] for m in members}
+            fleet_cap = int(cfg.max_fleet_share * cfg.fleet_nodes) if cfg.fleet_nodes else 1
+            if len(fleet) + 1 > max(fleet_cap, 1):
+                return self._audit(action, "skipped", f"would exceed {cfg.max_fleet_share:.0%} "
+                                   f"of the fleet ({len(fleet)} nodes acted on)", now)
+            self.r.zadd(recent, {f"{job}|{node}": now})
+            self.r.zadd(history, {action["id"]: now})
+            if cfg.remediation_dry_run:
+                return self._audit(action, "dry_run", "dry run: would have executed", now)
+            try:
+                result = self.executor.execute(action)
+            except ExecutorError as exc:
+                return self._audit(action, "failed", str(exc), now)
+            return self._audit(action, "executed", result, now)
+        finally:
+            self.r.delete(f"{self.base}:lock:{node}")
+
+    def _audit(self, action: dict[str, Any], decision: str, why: str,
+               now: float) -> dict[str, Any]:
+        record = {k: v for k, v in action.items() if not k.startswith("_")}
+        record.update(decision=decision, why=why, decided_at=now,
+                      executor=self.executor.name, dry_run=self.cfg.remediation_dry_run)
+        self.r.xadd(self.audit_key, {"record": json.dumps(record, separators=(",", ":"))},
+                    maxlen=10000, approximate=True)
+        if self.publish is not None:
+            self.publish(record)
+        log.info("remediation %s %s on %s: %s", decision, action["action"], action["node"], why)
+        return record
+
+
+def audit_log(r: redis.Redis, prefix: str, count: int = 100) -> list[dict[str, Any]]:
+    """The latest remediation decisions, newest first."""
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = r.xrevrange(  # type: ignore[assignment]
+        f"{prefix}:actions", count=count)
+    return [json.loads(f[b"record"]) for _, f in entries]
