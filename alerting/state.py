@@ -6,6 +6,8 @@ one job's keys share a slot and the compare-and-set below is atomic there):
 - ``P:incident:{job}:<id>``  hash: ``detection`` (JSON), ``detected_at``, ``state``
 - ``P:open:{job}``           hash: incident id → detection JSON, firing only
 - ``P:open-jobs``            set of jobs with open incidents (fleet-wide index)
+- ``P:status:{job}``         hash: ``node`` or ``node/gpu`` (or ``-`` for the job) →
+                             JSON list of its open incident ids
 - ``P:history``              stream of applied detections, capped near ``history_max``
 - ``P:updates``              pub/sub channel: every applied detection
 - ``P:deliveries``           stream: every channel delivery outcome (capped)
@@ -39,10 +41,21 @@ if cur then
 end
 redis.call('HSET', KEYS[1], 'detection', ARGV[2], 'detected_at', ARGV[3], 'rank', ARGV[4])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
+local ids = {}
+local raw = redis.call('HGET', KEYS[3], ARGV[6])
+if raw then ids = cjson.decode(raw) end
+local kept = {}
+for _, id in ipairs(ids) do if id ~= ARGV[1] then table.insert(kept, id) end end
 if ARGV[4] == '0' then
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  table.insert(kept, ARGV[1])
 else
   redis.call('HDEL', KEYS[2], ARGV[1])
+end
+if #kept > 0 then
+  redis.call('HSET', KEYS[3], ARGV[6], cjson.encode(kept))
+else
+  redis.call('HDEL', KEYS[3], ARGV[6])
 end
 return 1
 """
@@ -66,6 +79,9 @@ class LiveState:
     def open_key(self, job: str) -> str:
         return f"{self.prefix}:open:{{{job}}}"
 
+    def status_key(self, job: str) -> str:
+        return f"{self.prefix}:status:{{{job}}}"
+
     @property
     def jobs_key(self) -> str:
         return f"{self.prefix}:open-jobs"
@@ -82,10 +98,13 @@ class LiveState:
         """Record one validated detection; False when it was a duplicate or stale."""
         job, incident = det["job"], det["id"]
         body = json.dumps(det, separators=(",", ":"), sort_keys=True)
+        where = det["node"] or "-"
+        if det["gpu"] is not None:
+            where += f"/{det['gpu']}"
         applied = self._apply(
-            keys=[self.incident_key(job, incident), self.open_key(job)],
+            keys=[self.incident_key(job, incident), self.open_key(job), self.status_key(job)],
             args=[incident, body, repr(float(det["detected_at"])), _RANK[det["state"]],
-                  INCIDENT_TTL_SECONDS])
+                  INCIDENT_TTL_SECONDS, where])
         if not applied:
             return False
         if det["state"] == "firing":
@@ -132,6 +151,11 @@ class LiveState:
         for j in jobs:
             out.extend(json.loads(v) for v in self.r.hvals(self.open_key(j)))
         return out
+
+    def status(self, job: str) -> dict[str, list[str]]:
+        """``node`` / ``node/gpu`` / ``-`` (job-level) → ids of its open incidents."""
+        raw: dict[bytes, bytes] = self.r.hgetall(self.status_key(job))  # type: ignore[assignment]
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
 
     def history(self, count: int = 100) -> list[dict[str, Any]]:
         """The latest applied detections, newest first."""

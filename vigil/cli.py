@@ -150,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     alerts = add("alerts", _alerts, "list open incidents from Redis")
     alerts.add_argument("--job", help="only this job")
     alerts.add_argument("--kind", help="only this detection kind")
+    alerts.add_argument("--severity", choices=["info", "warning", "critical"])
 
     sil = add("silence", _silence, "silence notifications matching labels (Redis-wide)")
     sil.add_argument("action", choices=["add", "list", "expire"])

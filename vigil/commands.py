@@ -100,7 +100,8 @@ def alerts(cfg: Config, args: argparse.Namespace) -> int:
 
     state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
     rows = state.open_incidents(job=args.job)
-    rows = [r for r in rows if not args.kind or r["kind"] == args.kind]
+    rows = [r for r in rows if (not args.kind or r["kind"] == args.kind)
+            and (not args.severity or r["severity"] == args.severity)]
     if not rows:
         print("no open incidents")
     for det in sorted(rows, key=lambda d: -d["detected_at"]):
