@@ -117,6 +117,7 @@ def test_duplicated_and_replayed_detections_page_once(
                             VIGIL_ALERTER_PAGERDUTY_URL=pd.url + "/v2/enqueue",
                             VIGIL_ALERTER_WEBHOOK_URL=hook.url,
                             VIGIL_ALERTER_WEBHOOK_SECRET="k",
+                            VIGIL_ALERTER_KAFKA_ALERTS="true",
                             VIGIL_ALERTER_PAGE_AFTER_SECONDS="0"))
         _publish(cfg, [fire, fire, fire])  # redelivered twice
         alerter = _alerter(cfg)
@@ -136,8 +137,13 @@ def test_duplicated_and_replayed_detections_page_once(
     assert alerter.duplicates == 4 and alerter.applied == 2  # 2 redeliveries, a stale, a dup
     log = alerter.state.deliveries()
     assert {(e["channel"], e["state"], e["result"]) for e in log} == {
-        (c, s, "delivered") for c in ("alertmanager", "pagerduty", "webhook")
+        (c, s, "delivered") for c in ("alertmanager", "pagerduty", "webhook", "kafka")
         for s in ("firing", "resolved")}
+    consumer = KafkaConsumer(topics.topic(topics.ALERTS, cfg.kafka.topic_prefix),
+                             bootstrap_servers=cfg.kafka_bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=3000)
+    assert [json.loads(r.value)["state"] for r in consumer] == ["firing", "resolved"]
+    consumer.close()
 
 
 def test_silence_ack_and_page_delay(isolated_env: dict[str, str]) -> None:
