@@ -173,6 +173,26 @@ class AlerterConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """The node agent: sources, sampling (Moneo's adaptive intervals) and its buffer."""
+
+    node: str = ""  # empty: the host name
+    sources: str = "nvml,infiniband,host"  # also: dcgm, fake-nvml
+    attribution: str = "static"  # static | slurm
+    job: str = ""  # the job for static attribution
+    base_interval: float = 1.0
+    max_interval: float = 16.0
+    adaptive: bool = True
+    buffer_capacity: int = 100_000
+    metrics_port: int = 9101  # 0 turns /metrics off
+    metrics_bind: str = "127.0.0.1"
+    dcgm_url: str = "http://127.0.0.1:9400/metrics"
+    infiniband_root: str = "/sys/class/infiniband"
+    proc_root: str = "/proc"
+    cgroup_root: str = "/sys/fs/cgroup"
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything Vigil reads from its configuration, one section per stage."""
 
@@ -182,6 +202,7 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     detect: DetectConfig = field(default_factory=DetectConfig)
     alerter: AlerterConfig = field(default_factory=AlerterConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     @property
     def kafka_bootstrap(self) -> str:

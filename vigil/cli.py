@@ -64,6 +64,11 @@ def _actions(cfg: Config, args: argparse.Namespace) -> int:
     return actions(cfg, args)
 
 
+def _agent(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil import agentcmd
+    return agentcmd.run(cfg, args)
+
+
 def _select(cfg: Config, args: argparse.Namespace) -> int:
     from vigil.commands import select_metrics
     return select_metrics(cfg, args)
@@ -129,6 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="-", help="detections output (default stdout)")
 
     add("worker", _worker, "run the Faust stream worker")
+
+    ag = add("agent", _agent, "the node agent: sample this node's GPUs, NICs and host")
+    ag.add_argument("--sources", help="comma list: nvml, fake-nvml, infiniband, host, dcgm, "
+                    "trace (default: agent.sources)")
+    ag.add_argument("--job", help="static job id (default: agent.job)")
+    ag.add_argument("--trace", help="trace file for the trace source")
+    ag.add_argument("--out", help="write JSON lines here ('-' = stdout) instead of Kafka")
+    ag.add_argument("--ticks", type=int, help="stop after this many ticks")
+    ag.add_argument("--fast", action="store_true", help="with --ticks: do not wait between")
 
     sel = add("select-metrics", _select, "pick representative GPU metrics from a trace "
               "(Moneo §2.2)")

@@ -1,0 +1,97 @@
+"""The node agent loop: read every source once per base tick, let the adaptive
+sampler choose what to publish, hand the sample to the publisher. Never blocks on
+the publisher; a source that fails is counted and skipped for that tick.
+
+Only catalog metrics leave the node: sources produce catalog names, the sampler
+drops anything else, and the contract's encoder refuses unknown names. No process
+names, command lines or user data are read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from contracts import SAMPLE_SCHEMA
+from contracts.catalog import Scope
+from producers.reading import Reading, Source
+from producers.sampler import AdaptiveSampler
+
+log = logging.getLogger(__name__)
+AGENT_VERSION = "vigil-agent/0.1"
+
+
+class Sink(Protocol):
+    def publish(self, sample: dict[str, Any]) -> None: ...
+
+
+class Agent:
+    """One node's agent: sources → sampler → sink."""
+
+    def __init__(self, node: str, sources: dict[str, Source], sink: Sink,
+                 sampler: AdaptiveSampler | None, job_of: Callable[[], str],
+                 wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.node = node
+        self.sources = sources
+        self.sink = sink
+        self.sampler = sampler
+        self.job_of = job_of
+        self.wall = wall
+        self.monotonic = monotonic
+        self.errors: Counter[str] = Counter()
+        self.ticks = 0
+
+    def tick(self) -> dict[str, Any]:
+        """Read, sample and publish once; returns the sample handed to the sink."""
+        now = self.monotonic()
+        reading = Reading()
+        for name, source in self.sources.items():
+            try:
+                reading.merge(source.read(now))
+            except Exception as exc:  # one broken source must not stop the others
+                self.errors[f"source:{name}:{type(exc).__name__}"] += 1
+                log.warning("source %s failed: %s", name, exc)
+        sample = {
+            "schema": SAMPLE_SCHEMA, "ts": round(self.wall(), 3), "job": self.job_of(),
+            "node": self.node,
+            "gpus": {g: self._keep(Scope.GPU, g, m, now) for g, m in reading.gpus.items()},
+            "host": self._keep(Scope.HOST, "host", reading.host, now),
+            "nics": {n: self._keep(Scope.NIC, n, m, now) for n, m in reading.nics.items()},
+            "meta": {"agent": AGENT_VERSION, **{k: v for k, v in reading.meta.items()
+                                                 if k in ("gpu_models", "gpu_uuids")}},
+        }
+        try:
+            self.sink.publish(sample)
+        except Exception as exc:  # a sample the contract refuses: count it, go on
+            self.errors[f"publish:{type(exc).__name__}"] += 1
+            log.warning("sample not published: %s", exc)
+        self.ticks += 1
+        return sample
+
+    def _keep(self, scope: Scope, device: str, metrics: dict[str, float],
+              now: float) -> dict[str, float]:
+        if self.sampler is None:
+            return dict(metrics)
+        kept = {}
+        for name, value in metrics.items():
+            published = self.sampler.offer(scope, device, name, value, now)
+            if published is not None:
+                kept[name] = published
+        return kept
+
+    def run(self, interval: float, stop: threading.Event) -> None:
+        """Tick every ``interval`` seconds until ``stop`` is set (drift-free schedule)."""
+        next_tick = self.monotonic()
+        while not stop.is_set():
+            self.tick()
+            next_tick += interval
+            delay = next_tick - self.monotonic()
+            if delay < 0:  # a slow tick: skip the missed slots rather than burst
+                next_tick = self.monotonic()
+                delay = 0
+            stop.wait(delay)

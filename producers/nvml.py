@@ -1,0 +1,214 @@
+"""GPU readings from NVML (nvidia-ml-py), through one choke point.
+
+Every NVML call goes through ``NvmlSource.call``: an ``NVMLError`` (not supported,
+GPU lost, …) becomes "no reading" and is counted by error name, never raised.
+The NVML module is passed in (the real ``pynvml`` on a GPU node, a fake in tests
+and benchmarks), and this module uses only the names in ``NVML_NAMES``, which a
+test checks against the installed nvidia-ml-py.
+
+Units: NVML gives power in mW, utilisation and GPM activity in percent, PCIe
+throughput in KB/s, GPM NVLink/PCIe rates in MiB/s and NVLink field counters in
+KiB; the contract wants W, ratios and bytes/s. GPUs are keyed by their device
+minor number (what Slurm's GPU indices and /dev/nvidiaN use), not NVML's index.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from producers.reading import Reading
+
+log = logging.getLogger(__name__)
+KIB = 1024.0
+MIB = 1024.0 * 1024.0
+
+# GPM metric id name → (catalog metric, scale to contract units)
+GPM_METRICS: dict[str, tuple[str, float]] = {
+    "NVML_GPM_METRIC_SM_UTIL": ("sm_active", 0.01),
+    "NVML_GPM_METRIC_SM_OCCUPANCY": ("sm_occupancy", 0.01),
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": ("tensor_active", 0.01),
+    "NVML_GPM_METRIC_FP16_UTIL": ("fp16_active", 0.01),
+    "NVML_GPM_METRIC_FP32_UTIL": ("fp32_active", 0.01),
+    "NVML_GPM_METRIC_FP64_UTIL": ("fp64_active", 0.01),
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": ("dram_active", 0.01),
+    "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC": ("nvlink_tx", MIB),
+    "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": ("nvlink_rx", MIB),
+    "NVML_GPM_METRIC_PCIE_TX_PER_SEC": ("pcie_tx", MIB),
+    "NVML_GPM_METRIC_PCIE_RX_PER_SEC": ("pcie_rx", MIB),
+}
+NVML_NAMES = (
+    "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetMinorNumber", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
+    "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetClockInfo", "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetTemperature", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetFieldValues", "nvmlEventSetCreate", "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait_v2", "nvmlEventSetFree", "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmSampleFree", "nvmlGpmMetricsGet",
+    "c_nvmlGpmMetricsGet_t", "NVMLError", "NVML_GPM_METRICS_GET_VERSION",
+    "NVML_CLOCK_SM", "NVML_CLOCK_MEM", "NVML_TEMPERATURE_GPU", "NVML_PCIE_UTIL_TX_BYTES",
+    "NVML_PCIE_UTIL_RX_BYTES", "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC",
+    "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
+    "nvmlEventTypeXidCriticalError", "NVML_ERROR_TIMEOUT", *GPM_METRICS,
+)
+
+
+class NvmlSource:
+    """Reads every GPU's catalog metrics once per tick."""
+
+    def __init__(self, nvml: Any, pcie_throughput: bool = True) -> None:
+        self.nvml = nvml
+        self.errors: Counter[str] = Counter()
+        self.pcie_throughput = pcie_throughput  # blocks ~20 ms per call on real GPUs
+        nvml.nvmlInit()
+        self.devices: dict[str, Any] = {}
+        for index in range(self.call("nvmlDeviceGetCount") or 0):
+            handle = self.call("nvmlDeviceGetHandleByIndex", index)
+            if handle is None:
+                continue
+            minor = self.call("nvmlDeviceGetMinorNumber", handle)
+            self.devices[str(minor if minor is not None else index)] = handle
+        self.meta = {"gpu_models": sorted({str(self.call("nvmlDeviceGetName", h))
+                                           for h in self.devices.values()}),
+                     "gpu_uuids": {k: str(self.call("nvmlDeviceGetUUID", h))
+                                   for k, h in self.devices.items()}}
+        self.events = self.call("nvmlEventSetCreate")
+        if self.events is not None:
+            for handle in self.devices.values():
+                self.call("nvmlDeviceRegisterEvents", handle,
+                          nvml.nvmlEventTypeXidCriticalError, self.events)
+        self.gpm: dict[str, Any] = {}
+        for key, handle in self.devices.items():
+            support = self.call("nvmlGpmQueryDeviceSupport", handle)
+            if support is not None and bool(getattr(support, "isSupportedDevice", False)):
+                sample = self.call("nvmlGpmSampleAlloc")
+                if sample is not None and self.call("nvmlGpmSampleGet", handle, sample) \
+                        is not None:
+                    self.gpm[key] = sample
+        self._nvlink_prev: dict[str, tuple[float, float, float]] = {}
+
+    def call(self, name: str, *args: Any) -> Any:
+        """The choke point: an NVML call, or None (counted) when NVML says no."""
+        try:
+            return getattr(self.nvml, name)(*args)
+        except self.nvml.NVMLError as exc:
+            self.errors[type(exc).__name__] += 1  # pynvml has one subclass per error code
+            return None
+
+    def read(self, now: float) -> Reading:
+        """One tick: every device's metrics plus XID events seen since the last tick."""
+        reading = Reading(meta=dict(self.meta))
+        for key, handle in self.devices.items():
+            metrics = self._device(key, handle, now)
+            if len(metrics) > 1:  # only "xid": the GPU stopped answering, so it is absent
+                reading.gpus[key] = metrics
+        for key, xid in self._xid_events():
+            if key in reading.gpus:
+                reading.gpus[key]["xid"] = float(xid)
+        return reading
+
+    def _device(self, key: str, h: Any, now: float) -> dict[str, float]:
+        n, out = self.nvml, {}
+        util = self.call("nvmlDeviceGetUtilizationRates", h)
+        if util is not None:
+            out["gpu_util"] = util.gpu / 100.0
+        for name, value, scale in (
+                ("sm_clock", self.call("nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_SM), 1.0),
+                ("mem_clock", self.call("nvmlDeviceGetClockInfo", h, n.NVML_CLOCK_MEM), 1.0),
+                ("power", self.call("nvmlDeviceGetPowerUsage", h), 0.001),
+                ("temperature", self.call("nvmlDeviceGetTemperature", h,
+                                          n.NVML_TEMPERATURE_GPU), 1.0),
+                ("pcie_gen", self.call("nvmlDeviceGetCurrPcieLinkGeneration", h), 1.0),
+                ("pcie_width", self.call("nvmlDeviceGetCurrPcieLinkWidth", h), 1.0),
+                ("ecc_sbe", self.call("nvmlDeviceGetTotalEccErrors", h,
+                                      n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
+                 1.0),
+                ("ecc_dbe", self.call("nvmlDeviceGetTotalEccErrors", h,
+                                      n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+                 1.0),
+                ("throttle", self.call("nvmlDeviceGetCurrentClocksEventReasons", h), 1.0)):
+            if value is not None:
+                out[name] = float(value) * scale
+        memory = self.call("nvmlDeviceGetMemoryInfo", h)
+        if memory is not None:
+            out["mem_used"] = float(memory.used)
+        out["xid"] = 0.0
+        if key in self.gpm:
+            out.update(self._gpm(key, h))
+        elif self.pcie_throughput:  # pre-Hopper: PCIe from the (blocking) counter
+            for name, which in (("pcie_tx", n.NVML_PCIE_UTIL_TX_BYTES),
+                                ("pcie_rx", n.NVML_PCIE_UTIL_RX_BYTES)):
+                value = self.call("nvmlDeviceGetPcieThroughput", h, which)
+                if value is not None:
+                    out[name] = float(value) * 1000.0
+        if "nvlink_tx" not in out:
+            out.update(self._nvlink(key, h, now))
+        return out
+
+    def _gpm(self, key: str, h: Any) -> dict[str, float]:
+        """Two GPM samples ≥ 100 ms apart (one tick) give activity over the interval."""
+        n, previous = self.nvml, self.gpm[key]
+        current = self.call("nvmlGpmSampleAlloc")
+        if current is None or self.call("nvmlGpmSampleGet", h, current) is None:
+            return {}
+        request = n.c_nvmlGpmMetricsGet_t()
+        request.version = n.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRICS)
+        request.sample1, request.sample2 = previous, current
+        for i, name in enumerate(GPM_METRICS):
+            request.metrics[i].metricId = getattr(n, name)
+        result = self.call("nvmlGpmMetricsGet", request)
+        self.call("nvmlGpmSampleFree", previous)
+        self.gpm[key] = current
+        out: dict[str, float] = {}
+        if result is None:
+            return out
+        for i, (metric, scale) in enumerate(GPM_METRICS.values()):
+            m = result.metrics[i]
+            if m.nvmlReturn == 0 and m.value >= 0:
+                value = m.value * scale
+                out[metric] = min(value, 1.0) if scale == 0.01 else value
+        return out
+
+    def _nvlink(self, key: str, h: Any, now: float) -> dict[str, float]:
+        n = self.nvml
+        values = self.call("nvmlDeviceGetFieldValues", h,
+                           [n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                            n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX])
+        if values is None or any(v.nvmlReturn != 0 for v in values):
+            return {}
+        tx, rx = (float(v.value.ullVal) for v in values)
+        previous = self._nvlink_prev.get(key)
+        self._nvlink_prev[key] = (now, tx, rx)
+        if previous is None or now <= previous[0] or tx < previous[1] or rx < previous[2]:
+            return {}
+        dt = now - previous[0]
+        return {"nvlink_tx": (tx - previous[1]) * KIB / dt,
+                "nvlink_rx": (rx - previous[2]) * KIB / dt}
+
+    def _xid_events(self) -> list[tuple[str, int]]:
+        """XID events queued since the last tick, without blocking."""
+        if self.events is None:
+            return []
+        found = []
+        for _ in range(64):  # bounded: a storm of events cannot stall the tick
+            try:
+                data = self.nvml.nvmlEventSetWait_v2(self.events, 0)
+            except self.nvml.NVMLError:
+                break  # NVML_ERROR_TIMEOUT: nothing (more) queued
+            minor = self.call("nvmlDeviceGetMinorNumber", data.device)
+            if minor is not None:
+                found.append((str(minor), int(data.eventData)))
+        return found
+
+    def close(self) -> None:
+        """Free GPM samples and the event set, shut NVML down."""
+        for sample in self.gpm.values():
+            self.call("nvmlGpmSampleFree", sample)
+        if self.events is not None:
+            self.call("nvmlEventSetFree", self.events)
+        self.call("nvmlShutdown")

@@ -1,0 +1,69 @@
+"""Properties of Moneo's adaptive sampler, with an injected clock (nothing sleeps)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts.catalog import Scope
+from producers.sampler import AdaptiveSampler, SamplingConfig
+
+CFG = SamplingConfig(base_interval=1.0, max_interval=16.0)
+
+
+def _run(values: list[float], name: str = "sm_active") -> list[tuple[int, float]]:
+    sampler = AdaptiveSampler(CFG, random.Random(0))
+    out = []
+    for t, v in enumerate(values):
+        got = sampler.offer(Scope.GPU, "0", name, v, float(t))
+        if got is not None:
+            out.append((t, got))
+    return out
+
+
+def test_stable_series_backs_off_to_the_cap() -> None:
+    rng = random.Random(1)
+    published = _run([0.6 + rng.gauss(0, 0.005) for _ in range(400)])
+    assert len(published) < 400 / 10
+    gaps = [b[0] - a[0] for a, b in zip(published, published[1:], strict=False)]
+    assert max(gaps) <= CFG.max_interval + CFG.jitter + 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.2, 0.7), st.floats(0.12, 0.3), st.integers(30, 200), st.booleans())
+def test_step_change_is_published_on_the_reading_that_carries_it(
+        level: float, jump: float, at: int, down: bool) -> None:
+    rng = random.Random(at)
+    after = level - jump if down else min(1.0, level + jump)
+    values = [level + rng.gauss(0, 0.003) for _ in range(at)] + [after] * 40
+    published = dict(_run(values))
+    assert at in published and abs(published[at] - after) < 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=200))
+def test_published_values_stay_within_the_readings(values: list[float]) -> None:
+    published = _run(values)
+    assert published and published[0][0] == 0  # the first reading is always published
+    for _, v in published:
+        assert min(values) - 1e-9 <= v <= max(values) + 1e-9
+
+
+def test_noisy_series_stays_at_the_base_interval() -> None:
+    rng = random.Random(3)
+    published = _run([rng.uniform(0.1, 0.9) for _ in range(200)])
+    assert len(published) > 150
+
+
+def test_health_signals_publish_on_change_and_back_off_while_quiet() -> None:
+    values = [0.0] * 50 + [79.0] + [0.0] * 50
+    published = _run(values, name="xid")
+    assert (50, 79.0) in published and (51, 0.0) in published
+    assert len(published) < 20
+
+
+def test_unknown_metric_is_never_published() -> None:
+    sampler = AdaptiveSampler(CFG)
+    assert sampler.offer(Scope.GPU, "0", "cmdline_length", 1.0, 0.0) is None

@@ -1,0 +1,142 @@
+"""`vigil agent`: wire the configured sources, sampler and publisher, and run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from contracts import topics
+from contracts.codec import encode_sample
+from contracts.config import Config
+from contracts.errors import ConfigError
+from producers.agent import Agent
+from producers.attribution import SlurmJob, StaticJob
+from producers.reading import Source
+from producers.sampler import AdaptiveSampler, SamplingConfig
+
+log = logging.getLogger("vigil.agent")
+
+
+class JsonLinesSink:
+    """Debug output: validated samples as JSON lines to a file or stdout."""
+
+    def __init__(self, path: str) -> None:
+        self.fh = sys.stdout.buffer if path == "-" else open(path, "ab")
+
+    def publish(self, sample: dict[str, Any]) -> None:
+        self.fh.write(encode_sample(sample) + b"\n")
+        self.fh.flush()
+
+    def close(self, timeout: float = 0.0) -> bool:
+        if self.fh is not sys.stdout.buffer:
+            self.fh.close()
+        return True
+
+
+def build_sources(cfg: Config, names: list[str], trace: str | None) -> dict[str, Source]:
+    """The configured sources by name."""
+    a = cfg.agent
+    found: dict[str, Source] = {}
+    for name in names:
+        if name == "nvml":
+            import pynvml
+
+            from producers.nvml import NvmlSource
+            found[name] = NvmlSource(pynvml)
+        elif name == "fake-nvml":
+            from producers.nvml import NvmlSource
+            from producers.nvml_fake import FakeNvml
+            found[name] = NvmlSource(FakeNvml())
+        elif name == "infiniband":
+            from producers.infiniband import InfinibandSource
+            found[name] = InfinibandSource(a.infiniband_root)
+        elif name == "host":
+            from producers.host import HostSource
+            found[name] = HostSource(a.proc_root)
+        elif name == "dcgm":
+            from producers.dcgm import DcgmExporterSource
+            found[name] = DcgmExporterSource(a.dcgm_url)
+        elif name == "trace":
+            from producers.trace import TraceSource
+            if not trace:
+                raise ConfigError("the trace source needs --trace FILE")
+            found[name] = TraceSource(trace)
+        else:
+            raise ConfigError(f"unknown agent source {name!r}")
+    return found
+
+
+def _serve_metrics(cfg: Config, agent: Agent, publisher: Any) -> None:
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    registry = CollectorRegistry()
+    for name, doc, fn in (
+            ("vigil_agent_ticks", "ticks run", lambda: agent.ticks),
+            ("vigil_agent_values_read", "metric values read",
+             lambda: agent.sampler.read if agent.sampler else 0),
+            ("vigil_agent_values_published", "metric values published",
+             lambda: agent.sampler.published if agent.sampler else 0),
+            ("vigil_agent_samples_published", "samples acknowledged by Kafka",
+             lambda: getattr(publisher, "published", 0)),
+            ("vigil_agent_samples_buffered", "samples waiting for Kafka",
+             lambda: getattr(publisher, "buffered", 0)),
+            ("vigil_agent_samples_dropped", "samples dropped from a full buffer",
+             lambda: getattr(publisher, "dropped", 0)),
+            ("vigil_agent_errors", "source and publish errors",
+             lambda: sum(agent.errors.values()) + sum(getattr(publisher, "errors", {}).values()))):
+        Gauge(name, doc, registry=registry).set_function(fn)
+    start_http_server(cfg.agent.metrics_port, addr=cfg.agent.metrics_bind, registry=registry)
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    """Run the agent until SIGTERM/SIGINT (or ``--ticks``); flush the buffer on the way out."""
+    a = cfg.agent
+    names = [n.strip() for n in (args.sources or a.sources).split(",") if n.strip()]
+    sources = build_sources(cfg, names, args.trace)
+    job_of = SlurmJob(a.cgroup_root) if a.attribution == "slurm" else StaticJob(
+        args.job if args.job is not None else a.job)
+    sampler = AdaptiveSampler(SamplingConfig(a.base_interval, a.max_interval)) \
+        if a.adaptive else None
+    if args.out:
+        sink: Any = JsonLinesSink(args.out)
+    else:
+        from producers.publisher import BufferedPublisher
+        sink = BufferedPublisher(cfg.kafka_bootstrap,
+                                 topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
+                                 capacity=a.buffer_capacity)
+    agent = Agent(a.node or socket.gethostname(), sources, sink, sampler, job_of)
+    if a.metrics_port:
+        _serve_metrics(cfg, agent, sink)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    log.info("agent on %s: sources %s, %s", agent.node, ", ".join(sources),
+             f"adaptive {a.base_interval}-{a.max_interval}s" if sampler else "every tick")
+    try:
+        if args.ticks:
+            for _ in range(args.ticks):
+                if stop.is_set():
+                    break
+                agent.tick()
+                stop.wait(a.base_interval if not args.fast else 0)
+        else:
+            agent.run(a.base_interval, stop)
+    finally:
+        flushed = sink.close(timeout=30)
+        for source in sources.values():
+            close = getattr(source, "close", None)
+            if close:
+                close()
+        log.info("agent stopped after %d ticks; flushed=%s dropped=%s errors=%s", agent.ticks,
+                 flushed, getattr(sink, "dropped", 0), dict(agent.errors))
+    return 0 if flushed else 1
