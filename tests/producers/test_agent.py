@@ -1,0 +1,91 @@
+"""The agent loop: catalog-only payloads, broken sources, sampling, attribution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS
+from contracts.codec import encode_sample
+from producers.agent import Agent
+from producers.attribution import SlurmJob, StaticJob
+from producers.nvml import NvmlSource
+from producers.nvml_fake import FakeNvml
+from producers.reading import Reading
+from producers.sampler import AdaptiveSampler, SamplingConfig
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.samples: list[dict[str, Any]] = []
+
+    def publish(self, sample: dict[str, Any]) -> None:
+        encode_sample(sample)  # what the real publishers do first
+        self.samples.append(sample)
+
+
+class Leaky:
+    """A misbehaving source that offers user data and junk alongside real metrics."""
+
+    def __init__(self, extra: dict[str, float]) -> None:
+        self.extra = extra
+
+    def read(self, now: float) -> Reading:
+        return Reading(gpus={"0": {"sm_active": 0.5, **self.extra}},
+                       host={"cpu_util": 0.2, **self.extra},
+                       meta={"cmdline": "python train.py --secret=x", "user": "alice"})
+
+
+class Broken:
+    def read(self, now: float) -> Reading:
+        raise OSError("device busy")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=20), st.floats(0, 1), max_size=5))
+def test_payload_holds_only_catalog_metrics(extra: dict[str, float]) -> None:
+    clock = iter(range(1000))
+    sink = ListSink()
+    agent = Agent("n1", {"leaky": Leaky(extra)}, sink, AdaptiveSampler(SamplingConfig()),
+                  StaticJob("j"), monotonic=lambda: float(next(clock)))
+    agent.tick()
+    sample = sink.samples[0]
+    assert set(sample["gpus"]["0"]) <= set(GPU_METRICS)
+    assert set(sample["host"]) <= set(HOST_METRICS)
+    assert all(set(n) <= set(NIC_METRICS) for n in sample["nics"].values())
+    assert set(sample["meta"]) <= {"agent", "gpu_models", "gpu_uuids"}
+    assert "secret" not in str(sample) and "alice" not in str(sample)
+
+
+def test_a_broken_source_is_counted_and_the_rest_published() -> None:
+    sink = ListSink()
+    agent = Agent("n1", {"nvml": NvmlSource(FakeNvml(gpus=2)), "ib": Broken()}, sink, None,
+                  StaticJob("j"))
+    agent.tick()
+    assert len(sink.samples[0]["gpus"]) == 2
+    assert agent.errors == {"source:ib:OSError": 1}
+
+
+def test_adaptive_agent_publishes_far_fewer_values_but_every_gpu_every_tick() -> None:
+    clock = iter(range(10_000))
+    sink = ListSink()
+    sampler = AdaptiveSampler(SamplingConfig())
+    agent = Agent("n1", {"nvml": NvmlSource(FakeNvml(gpus=8))}, sink, sampler,
+                  StaticJob("j"), monotonic=lambda: float(next(clock)))
+    for _ in range(120):
+        agent.tick()
+    assert all(len(s["gpus"]) == 8 for s in sink.samples)  # GPUs present: alive
+    assert sampler.read / sampler.published > 4
+
+
+def test_slurm_attribution_from_cgroups(tmp_path: Path) -> None:
+    assert SlurmJob(tmp_path)() == ""
+    (tmp_path / "system.slice/slurmstepd.scope/job_4242/step_0").mkdir(parents=True)
+    (tmp_path / "system.slice/slurmstepd.scope/job_4100").mkdir(parents=True)
+    slurm = SlurmJob(tmp_path)
+    assert slurm() == "4100" and slurm.all_jobs == ["4100", "4242"]
+    (tmp_path / "cpuset/slurm/uid_1000/job_77").mkdir(parents=True)
+    assert SlurmJob(tmp_path)() == "77"

@@ -1,0 +1,71 @@
+"""The NVML source against the fake, and the fake against the real nvidia-ml-py."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+from contracts.catalog import GPU_METRICS
+from producers.nvml import NVML_NAMES, NvmlSource
+from producers.nvml_fake import FakeNvml, busy_training
+
+
+def test_every_nvml_name_the_source_uses_exists_in_nvidia_ml_py() -> None:
+    missing = [name for name in NVML_NAMES if not hasattr(pynvml, name)]
+    assert missing == []
+
+
+def test_the_fake_offers_every_function_the_source_calls() -> None:
+    fake = FakeNvml()
+    functions = [n for n in NVML_NAMES if n.startswith("nvml") and callable(getattr(pynvml, n))]
+    assert all(name in type(fake).__dict__ for name in functions), [
+        n for n in functions if n not in type(fake).__dict__]
+
+
+def test_hopper_reading_has_every_catalog_metric_in_contract_units() -> None:
+    source = NvmlSource(FakeNvml(gpus=8))
+    reading = source.read(1.0)
+    assert sorted(reading.gpus, key=int) == ["0", "2", "4", "6", "11", "13", "15", "17"]
+    gpu = reading.gpus["0"]
+    assert set(gpu) == set(GPU_METRICS)
+    expected = busy_training(0, 0)
+    assert gpu["power"] == pytest.approx(expected["power"], abs=10)  # mW → W
+    assert gpu["gpu_util"] == pytest.approx(0.99)  # percent → ratio
+    assert gpu["nvlink_tx"] == pytest.approx(30e9)  # MiB/s → bytes/s
+    assert 0 <= gpu["sm_active"] <= 1 and gpu["xid"] == 0
+    assert source.errors == {}
+    assert reading.meta["gpu_uuids"]["11"].startswith("GPU-")
+
+
+def test_pre_hopper_nvlink_rate_from_counters_and_pcie_in_bytes() -> None:
+    clock = {"t": 100.0}
+    fake = FakeNvml(gpus=2, hopper=False, clock=lambda: clock["t"])
+    source = NvmlSource(fake)
+    first = source.read(100.0).gpus["0"]
+    assert "nvlink_tx" not in first  # a rate needs two counter readings
+    clock["t"] = 101.0
+    second = source.read(101.0).gpus["0"]
+    assert second["nvlink_tx"] == pytest.approx(30e9, rel=0.01)
+    assert second["pcie_tx"] == pytest.approx(1.2e9, rel=0.01)  # KB/s → bytes/s
+    assert "sm_active" not in second  # no GPM before Hopper: absent, never zero
+
+
+def test_unsupported_calls_are_absent_and_counted_never_raised() -> None:
+    fake = FakeNvml(gpus=1)
+    fake.unsupported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEccErrors"}
+    source = NvmlSource(fake)
+    gpu = source.read(1.0).gpus["0"]
+    assert "power" not in gpu and "ecc_dbe" not in gpu and "sm_clock" in gpu
+    assert source.errors["NVMLError_NotSupported"] == 3
+
+
+def test_a_lost_gpu_is_absent_and_xid_reaches_the_right_gpu() -> None:
+    fake = FakeNvml(gpus=4)
+    source = NvmlSource(fake)
+    fake.inject_xid(1, 79)  # index 1 has minor number 11
+    reading = source.read(1.0)
+    assert reading.gpus["11"]["xid"] == 79.0 and reading.gpus["0"]["xid"] == 0.0
+    assert source.read(2.0).gpus["11"]["xid"] == 0.0  # an event is reported once
+    fake.lose_gpu(1)
+    assert "11" not in source.read(3.0).gpus and source.errors["NVMLError_GpuIsLost"] > 0
+    source.close()
