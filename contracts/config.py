@@ -190,6 +190,7 @@ class AgentConfig:
     infiniband_root: str = "/sys/class/infiniband"
     proc_root: str = "/proc"
     cgroup_root: str = "/sys/fs/cgroup"
+    fake_nvml_call_cost: float = 0.0  # seconds of CPU per call of the fake (benchmarks)
 
 
 @dataclass(frozen=True)

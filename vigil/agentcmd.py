@@ -49,10 +49,10 @@ def build_sources(cfg: Config, names: list[str], trace: str | None) -> dict[str,
 
             from producers.nvml import NvmlSource
             found[name] = NvmlSource(pynvml)
-        elif name == "fake-nvml":
+        elif name == "fake-nvml":  # demos and benchmarks on machines without a GPU
             from producers.nvml import NvmlSource
             from producers.nvml_fake import FakeNvml
-            found[name] = NvmlSource(FakeNvml())
+            found[name] = NvmlSource(FakeNvml(call_cost=a.fake_nvml_call_cost))
         elif name == "infiniband":
             from producers.infiniband import InfinibandSource
             found[name] = InfinibandSource(a.infiniband_root)

@@ -70,8 +70,8 @@ def test_host_cpu_and_memory(tmp_path: Path) -> None:
 DCGM_TEXT = """\
 # HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).
 # TYPE DCGM_FI_DEV_SM_CLOCK gauge
-DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-a",device="nvidia0",modelName="NVIDIA H100",Hostname="n1"} 1980
-DCGM_FI_DEV_SM_CLOCK{gpu="1",UUID="GPU-b",device="nvidia1",modelName="NVIDIA H100",hostname="n1"} 1410
+DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-a",device="nvidia0",modelName="H100",Hostname="n1"} 1980
+DCGM_FI_DEV_SM_CLOCK{gpu="1",UUID="GPU-b",device="nvidia1",modelName="H100",hostname="n1"} 1410
 # TYPE DCGM_FI_PROF_SM_ACTIVE gauge
 DCGM_FI_PROF_SM_ACTIVE{gpu="0",UUID="GPU-a",device="nvidia0"} 0.612
 DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu="0",UUID="GPU-a"} 0.301
