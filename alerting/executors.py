@@ -28,6 +28,18 @@ class Executor(Protocol):
     def execute(self, action: dict[str, Any]) -> str: ...
 
 
+def _run(argv: list[str], run: Callable[..., subprocess.CompletedProcess[str]],
+         timeout: float) -> str:
+    """Run ``argv`` (no shell); the command line on success, ``ExecutorError`` otherwise."""
+    try:
+        done = run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ExecutorError(f"{argv[0]} failed: {exc}") from None
+    if done.returncode != 0:
+        raise ExecutorError(f"{argv[0]} exit {done.returncode}: {done.stderr.strip()[:300]}")
+    return " ".join(shlex.quote(a) for a in argv)
+
+
 def _reason(action: dict[str, Any]) -> str:
     gpu = f" gpu {action['gpu']}" if action.get("gpu") is not None else ""
     return f"vigil {action['action']}{gpu}: incident {action['incident']}"
@@ -45,15 +57,8 @@ class SlurmExecutor:
         self.run = run
 
     def execute(self, action: dict[str, Any]) -> str:
-        argv = [self.scontrol, "update", f"NodeName={action['node']}", "State=DRAIN",
-                f"Reason={_reason(action)}"]
-        try:
-            done = self.run(argv, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ExecutorError(f"scontrol failed: {exc}") from None
-        if done.returncode != 0:
-            raise ExecutorError(f"scontrol exit {done.returncode}: {done.stderr.strip()[:300]}")
-        return " ".join(shlex.quote(a) for a in argv)
+        return _run([self.scontrol, "update", f"NodeName={action['node']}", "State=DRAIN",
+                     f"Reason={_reason(action)}"], self.run, timeout=60)
 
 
 class KubernetesExecutor:
@@ -109,11 +114,5 @@ class CommandExecutor:
 
     def execute(self, action: dict[str, Any]) -> str:
         fields = {k: "" if v is None else str(v) for k, v in action.items()}
-        argv = [part.format(**fields) for part in self.template]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ExecutorError(f"{argv[0]} failed: {exc}") from None
-        if done.returncode != 0:
-            raise ExecutorError(f"{argv[0]} exit {done.returncode}: {done.stderr.strip()[:300]}")
-        return " ".join(shlex.quote(a) for a in argv)
+        return _run([part.format(**fields) for part in self.template], subprocess.run,
+                    timeout=120)
