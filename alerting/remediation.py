@@ -53,7 +53,8 @@ class Remediator:
 
     def __init__(self, cfg: AlerterConfig, r: redis.Redis, prefix: str, executor: Executor,
                  is_open: Callable[[dict[str, Any]], bool],
-                 publish: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 publish: Callable[[dict[str, Any]], None] | None = None,
+                 escalate: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.cfg = cfg
         self.r = r
         self.base = f"{prefix}:remediation{':dry' if cfg.remediation_dry_run else ''}"
@@ -61,6 +62,7 @@ class Remediator:
         self.executor = executor
         self.is_open = is_open
         self.publish = publish
+        self.escalate = escalate
         self.pending: dict[str, dict[str, Any]] = {}
         self.opt_out = [p.strip() for p in cfg.opt_out.split(",") if p.strip()]
 
@@ -105,8 +107,12 @@ class Remediator:
         history = f"{self.base}:history:{node}"
         self.r.zremrangebyscore(history, 0, now - WEEK)
         if self.r.zcard(history) >= cfg.repeat_offender_count:
-            return self._audit(action, "escalated", f"{node} was acted on "
-                               f"{self.r.zcard(history)} times this week: a person decides", now)
+            record = self._audit(action, "escalated", f"{node} was acted on "
+                                 f"{self.r.zcard(history)} times this week: a person decides",
+                                 now)
+            if self.escalate is not None:
+                self.escalate(escalation(action["_det"], record))
+            return record
         recent = f"{self.base}:recent"
         self.r.zremrangebyscore(recent, 0, now - cfg.node_cooldown_seconds)
         members = [m.decode() for m in self.r.zrange(recent, 0, -1)]  # type: ignore[union-attr]
@@ -155,6 +161,13 @@ class Remediator:
             self.publish(record)
         log.info("remediation %s %s on %s: %s", decision, action["action"], action["node"], why)
         return record
+
+
+def escalation(det: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """A critical notification for people: the automation stepped back on this node."""
+    return dict(det, id=f"{det['id']}-escalated", severity="critical", state="firing",
+                summary=f"Repeat offender {det['node']}: Vigil did not {record['action']} "
+                        f"it again ({record['why']}). Original: {det['summary']}")
 
 
 def audit_log(r: redis.Redis, prefix: str, count: int = 100) -> list[dict[str, Any]]:

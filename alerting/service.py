@@ -12,6 +12,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -82,7 +83,9 @@ def build_executor(cfg: Config) -> Executor:
                       "use slurm, kubernetes or command")
 
 
-def build_remediator(cfg: Config, state: LiveState) -> Remediator | None:
+def build_remediator(cfg: Config, state: LiveState,
+                     escalate: Callable[[dict[str, Any]], None] | None = None
+                     ) -> Remediator | None:
     """The remediator when enabled; its audit also goes to the ``vigil.actions`` topic."""
     if not cfg.alerter.remediation_enabled:
         return None
@@ -101,7 +104,8 @@ def build_remediator(cfg: Config, state: LiveState) -> Remediator | None:
     def is_open(det: dict[str, Any]) -> bool:
         return any(d["id"] == det["id"] for d in state.open_incidents(job=det["job"]))
 
-    return Remediator(cfg.alerter, state.r, state.prefix, build_executor(cfg), is_open, publish)
+    return Remediator(cfg.alerter, state.r, state.prefix, build_executor(cfg), is_open, publish,
+                      escalate)
 
 
 class Alerter:
@@ -123,7 +127,7 @@ class Alerter:
                 rate_per_second=rate, max_attempts=a.max_attempts,
                 give_up_after_seconds=a.give_up_after_seconds), self._outcome)
             for name, (channel, _, rate) in channels.items()}
-        self.remediator = build_remediator(cfg, state)
+        self.remediator = build_remediator(cfg, state, self._escalate)
         self.applied = self.duplicates = self.invalid = 0
         self.outcomes: dict[str, int] = {}
         self._stop = False
@@ -142,6 +146,11 @@ class Alerter:
         self.state.log_delivery(channel, det, result, attempts, why)
         if result == "delivered" and det["state"] == "firing":
             self.state.mark_told(det["job"], det["id"], channel)
+
+    def _escalate(self, det: dict[str, Any]) -> None:
+        """Tell people at once, on every pager channel, whatever its route says."""
+        self._dispatch([(name, det) for name, route in self.router.routes.items()
+                        if route.pager])
 
     def _dispatch(self, pairs: list[tuple[str, dict[str, Any]]]) -> None:
         for name, det in pairs:

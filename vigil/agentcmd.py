@@ -72,6 +72,11 @@ def build_sources(cfg: Config, names: list[str], trace: str | None) -> dict[str,
     return found
 
 
+def _quantile(publisher: Any, q: float) -> float:
+    values = sorted(getattr(publisher, "latencies", ()))
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
 def _serve_metrics(cfg: Config, agent: Agent, publisher: Any) -> None:
     from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
@@ -89,7 +94,11 @@ def _serve_metrics(cfg: Config, agent: Agent, publisher: Any) -> None:
             ("vigil_agent_samples_dropped", "samples dropped from a full buffer",
              lambda: getattr(publisher, "dropped", 0)),
             ("vigil_agent_errors", "source and publish errors",
-             lambda: sum(agent.errors.values()) + sum(getattr(publisher, "errors", {}).values()))):
+             lambda: sum(agent.errors.values()) + sum(getattr(publisher, "errors", {}).values())),
+            ("vigil_agent_publish_latency_p50_seconds", "buffer → Kafka ack, last 10k samples",
+             lambda: _quantile(publisher, 0.5)),
+            ("vigil_agent_publish_latency_p99_seconds", "buffer → Kafka ack, last 10k samples",
+             lambda: _quantile(publisher, 0.99))):
         Gauge(name, doc, registry=registry).set_function(fn)
     start_http_server(cfg.agent.metrics_port, addr=cfg.agent.metrics_bind, registry=registry)
 

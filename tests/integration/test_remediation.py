@@ -19,6 +19,7 @@ from alerting.remediation import Remediator, audit_log, plan
 from alerting.service import build_remediator
 from alerting.state import LiveState
 from contracts import topics
+from contracts.codec import validate_detection
 from contracts.config import AlerterConfig, Config, load
 from vigil.kafka_admin import ensure_topics
 
@@ -44,15 +45,16 @@ def recorder_script(tmp_path: Path, name: str = "record") -> tuple[Path, Path]:
     return script, out
 
 
-def remediator(cfg: Config, tmp_path: Path, **overrides: Any) -> tuple[Remediator, Path,
-                                                                      list[dict[str, Any]]]:
+def remediator(cfg: Config, tmp_path: Path, escalated: list[dict[str, Any]] | None = None,
+               **overrides: Any) -> tuple[Remediator, Path, list[dict[str, Any]]]:
     script, calls = recorder_script(tmp_path)
     acfg = dataclasses.replace(AlerterConfig(), remediation_enabled=True, confirm_seconds=60,
                                **overrides)
     published: list[dict[str, Any]] = []
     rem = Remediator(acfg, redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix,
                      CommandExecutor(f"{script} {{action}} {{node}} {{gpu}}"),
-                     lambda det: True, published.append)
+                     lambda det: True, published.append,
+                     escalated.append if escalated is not None else None)
     return rem, calls, published
 
 
@@ -140,7 +142,8 @@ def test_burst_of_100_faults_respects_the_fleet_and_job_shares(isolated_cfg: Con
 
 
 def test_repeat_offender_goes_to_a_person(isolated_cfg: Config, tmp_path: Path) -> None:
-    rem, calls, _ = remediator(isolated_cfg, tmp_path, remediation_dry_run=False,
+    people: list[dict[str, Any]] = []
+    rem, calls, _ = remediator(isolated_cfg, tmp_path, people, remediation_dry_run=False,
                                node_cooldown_seconds=60, repeat_offender_count=2)
     for k in range(3):
         rem.consider(health("n1", ident=f"inc-{k}"), now=T0 + k * 1000)
@@ -148,6 +151,10 @@ def test_repeat_offender_goes_to_a_person(isolated_cfg: Config, tmp_path: Path) 
     decisions = [r["decision"] for r in reversed(audit_log(rem.r, isolated_cfg.redis.key_prefix))]
     assert decisions == ["executed", "executed", "escalated"]
     assert len(calls.read_text().splitlines()) == 2
+    [page] = people
+    assert page["severity"] == "critical" and page["id"] == "inc-2-escalated"
+    assert page["summary"].startswith("Repeat offender n1")
+    validate_detection(page)
 
 
 def test_slurm_executor_drains_with_a_reason(tmp_path: Path,
