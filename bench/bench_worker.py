@@ -1,7 +1,14 @@
 """Worker throughput against a bare aiokafka consumer on the same topic, same run.
 
     .venv/bin/vigil up            # or VIGIL_KAFKA_BOOTSTRAP=... for another broker
-    .venv/bin/python bench/bench_worker.py [--nodes 256] [--seconds 80]
+    .venv/bin/python bench/bench_worker.py [--nodes 256] [--seconds 80] [--workers 1]
+    .venv/bin/python bench/bench_worker.py --live 1000 --seconds 90   # latency at load
+
+``--workers N`` runs N workers in one consumer group (they share the partitions) and
+reports their combined rate. ``--live R`` publishes R node-samples/s in real time
+instead of pre-loading, and reports the worker's detection latency (wall time from
+the append of the sample that closed the evaluated window to the detection's send)
+as p50/p99 from its histogram.
 
 Pre-loads ``nodes × seconds`` node-samples (8 GPUs each, 8-node jobs, one slow
 GPU per job) into a fresh samples topic, then times (1) a bare aiokafka consumer
@@ -19,6 +26,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
@@ -54,6 +62,26 @@ async def _bare(bootstrap: str, topic: str, expected: int) -> float:
     return count / (time.monotonic() - (first or time.monotonic()))
 
 
+def _histogram(port: int, name: str) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of a histogram on /metrics."""
+    out = []
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + "_bucket{"):
+                bound = line.split('le="', 1)[1].split('"', 1)[0]
+                out.append((float(bound), float(line.split()[-1])))
+    return out
+
+
+def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Upper bound of the bucket holding quantile ``q`` (Prometheus-style, no interpolation)."""
+    total = buckets[-1][1] if buckets else 0
+    for bound, count in buckets:
+        if total and count >= q * total:
+            return bound
+    return float("nan")
+
+
 def _metric(port: int, name: str) -> float:
     """Sum of every series of a counter on the worker's /metrics."""
     total = 0.0
@@ -70,45 +98,89 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=256)
     parser.add_argument("--seconds", type=int, default=80)
     parser.add_argument("--port", type=int, default=16066)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--live", type=float, default=0.0,
+                        help="publish this many node-samples/s in real time")
     args = parser.parse_args()
     tag = uuid.uuid4().hex[:6]
     env = dict(os.environ, VIGIL_KAFKA_TOPIC_PREFIX=f"bench{tag}.",
-               VIGIL_WORKER_APP_ID=f"bench-{tag}", VIGIL_WORKER_WEB_PORT=str(args.port),
-               VIGIL_WORKER_DATA_DIR=f".vigil/bench-{tag}")
+               VIGIL_WORKER_APP_ID=f"bench-{tag}", VIGIL_WORKER_DATA_DIR=f".vigil/bench-{tag}",
+               VIGIL_WORKER_SESSION_TIMEOUT_SECONDS="10")
     cfg = load(env=env)
     ensure_topics(cfg)
     topic = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
+    ports = [args.port + i for i in range(args.workers)]
+    if args.live:
+        return _live(cfg, env, topic, ports[0], args)
     pub = KafkaPublisher(cfg.kafka_bootstrap, topic)
     for sample in Simulator(_cluster(args.nodes), START, seed=1).samples(args.seconds):
         pub.publish(sample)
     pub.close()
     total = pub.sent
     bare = asyncio.run(_bare(cfg.kafka_bootstrap, topic, total))
-    worker = subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = [subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker"],
+                                env=dict(env, VIGIL_WORKER_WEB_PORT=str(port)),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for port in ports]
     first = None
+    first_count = 0.0
     try:
         deadline = time.monotonic() + 900
         done = 0.0
         while time.monotonic() < deadline and done < total:
             time.sleep(0.2)
             try:
-                done = _metric(args.port, "vigil_worker_samples")
+                done = sum(_metric(port, "vigil_worker_samples") for port in ports)
             except OSError:
                 continue
             if first is None and done > 0:
                 first, first_count = time.monotonic(), done
         elapsed = time.monotonic() - (first or time.monotonic())
         rate = (done - first_count) / elapsed if first and elapsed > 0 else 0.0
-        detections = _metric(args.port, "vigil_worker_detections")
+        detections = sum(_metric(port, "vigil_worker_detections") for port in ports)
     finally:
-        worker.terminate()
-        worker.wait(timeout=60)
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.wait(timeout=60)
+    print(f"{args.workers} worker(s)")
     print(f"{total} node-samples ({total * 8} GPU-samples), {max(1, args.nodes // 8)} jobs")
     print(f"bare aiokafka consumer : {bare:8.0f} node-messages/s")
     print(f"vigil worker end to end: {rate:8.0f} node-messages/s "
           f"({rate * 8:.0f} GPU-samples/s), {rate / bare:.0%} of bare")
     print(f"detections published   : {detections:.0f}")
+    return 0
+
+
+def _live(cfg: Any, env: dict[str, str], topic: str, port: int,
+          args: argparse.Namespace) -> int:
+    """Publish ``args.live`` node-samples/s in real time; report detection latency."""
+    worker = subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker"],
+                              env=dict(env, VIGIL_WORKER_WEB_PORT=str(port)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    nodes = max(8, int(args.live))  # one sample per node per second
+    pub = KafkaPublisher(cfg.kafka_bootstrap, topic)
+    time.sleep(15)  # the worker joins its group before the clock starts
+    start = time.time()
+    cluster = _cluster(nodes)
+    cluster.faults = [type(f)(f.kind, f.job, f.node, f.gpu, start + 30) for f in cluster.faults]
+    try:
+        for sample in Simulator(cluster, start, seed=2).samples(args.seconds):
+            ahead = sample["ts"] - time.time()  # each tick goes out when its time comes
+            if ahead > 0:
+                time.sleep(ahead)
+            pub.publish(sample)
+        pub.close()
+        time.sleep(10)
+        buckets = _histogram(port, "vigil_worker_detection_latency_seconds")
+        detections = _metric(port, "vigil_worker_detections")
+        lag = _metric(port, "vigil_worker_lag_messages")
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    print(f"live {nodes} node-samples/s for {args.seconds:.0f}s, {len(cluster.jobs)} jobs: "
+          f"{detections:.0f} detections, latency p50 <= {_quantile(buckets, 0.5)} s, "
+          f"p99 <= {_quantile(buckets, 0.99)} s, lag at end {lag:.0f}")
     return 0
 
 
