@@ -1,0 +1,89 @@
+"""Deployment files validate against their schemas and keep the agent least-privileged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+from vigil.localstack import debian_binary
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+K8S_VERSION = "1.30.0"
+
+
+def _k8s_docs() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def test_kubernetes_manifests_validate_against_the_api_schemas() -> None:
+    docs = _k8s_docs()
+    assert {d["kind"] for d in docs} >= {"Namespace", "ConfigMap", "DaemonSet", "Deployment",
+                                         "ClusterRole", "Secret"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_agent_runs_least_privileged_and_takes_no_gpu() -> None:
+    agent = next(d for d in _k8s_docs() if d["kind"] == "DaemonSet")
+    pod = agent["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "privileged" not in container["securityContext"]
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+    assert not any("nvidia.com/gpu" in r for r in container["resources"].values())
+    assert all(m["readOnly"] for m in container["volumeMounts"])
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    config = yaml.safe_load(json.dumps(next(
+        d for d in _k8s_docs() if d["kind"] == "ConfigMap")["data"]))["vigil.toml"]
+    assert 'proc_root = "/host/proc"' in config  # the agent reads where the mounts are
+
+
+def test_remediation_may_only_get_and_patch_nodes() -> None:
+    role = next(d for d in _k8s_docs() if d["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
+                              "verbs": ["get", "patch"]}]
+
+
+def test_compose_file_validates_against_the_compose_spec() -> None:
+    schema_file = resources.files("check_jsonschema") / "builtin_schemas" / "vendor" / \
+        "compose-spec.json"
+    schema = json.loads(schema_file.read_text())
+    compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yml").read_text())
+    jsonschema.validate(compose, schema)
+    assert {"kafka", "redis", "worker", "alerter", "simulator"} <= set(compose["services"])
+
+
+def test_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
+    unit = (DEPLOY / "systemd" / "vigil-agent.service").read_text()
+    for directive in ("User=vigil", "NoNewPrivileges=yes", "DevicePolicy=closed",
+                      "CapabilityBoundingSet=\n", "ProtectSystem=strict", "ProtectHome=yes"):
+        assert directive in unit, directive
+    analyze = shutil.which("systemd-analyze") or debian_binary("systemd-analyze", "systemd")
+    # verify needs the ExecStart binary to exist: point it at this interpreter. It exits 0
+    # even on unknown keys and only warns, so any line about the unit is a failure.
+    def verify(text: str) -> str:
+        copy = tmp_path / "vigil-agent.service"
+        copy.write_text(text.replace("/opt/vigil/bin/vigil agent", f"{sys.executable} -m vigil"))
+        result = subprocess.run([analyze, "verify", str(copy)], capture_output=True,
+                                text=True, timeout=60)
+        return "\n".join(line for line in (result.stdout + result.stderr).splitlines()
+                         if "vigil-agent.service" in line)
+
+    assert verify(unit) == ""
+    assert "Unknown key" in verify(unit.replace("NoNewPrivileges=yes", "NoNewPrivilegez=yes"))
