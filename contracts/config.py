@@ -45,17 +45,29 @@ class Secret:
 
 
 def mask_url(url: str) -> str:
-    """``redis://user:pw@host`` → ``redis://user:***@host``: safe to print."""
+    """A URL that is safe to print: the password, and any path or query (webhook URLs
+    carry their token there), become ``***``; a Redis database index (``/0``) stays.
+
+    ``redis://user:pw@host:6379/0`` → ``redis://user:***@host:6379/0``;
+    ``https://hooks.slack.com/services/T/B/x`` → ``https://hooks.slack.com/***``.
+    """
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    path = parts.path if parts.path.strip("/").isdigit() or parts.path in ("", "/") else "/***"
+    return urlunsplit(parts._replace(netloc=netloc, path=path,
+                                     query="***" if parts.query else "", fragment=""))
 
 
 @dataclass(frozen=True)
 class KafkaConfig:
-    """How every Vigil process reaches Kafka. Empty bootstrap = the local stack's."""
+    """How every Vigil process reaches Kafka. Empty bootstrap = the local stack's.
+
+    SASL/TLS: the keys are reserved, but no client applies them yet, so any
+    ``security_protocol`` other than PLAINTEXT is refused at load time rather than
+    silently ignored.
+    """
 
     bootstrap: str = ""
     topic_prefix: str = ""
@@ -292,7 +304,12 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
         if section is None:
             raise ConfigError(f"environment: {name} names no config section")
         data.setdefault(section, {})[rest[len(section) + 1:]] = value
-    return Config(**{s: _section(hints[s], data.get(s, {}), s) for s in sections})
+    config = Config(**{s: _section(hints[s], data.get(s, {}), s) for s in sections})
+    if config.kafka.security_protocol.upper() != "PLAINTEXT":
+        raise ConfigError(f"kafka.security_protocol {config.kafka.security_protocol!r}: "
+                          "only PLAINTEXT is supported so far (SASL/TLS clients are not "
+                          "wired yet)")
+    return config
 
 
 def describe(config: Config) -> str:

@@ -39,6 +39,7 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
     ("[kafka\n", {}, "config file"),
     ("", {"VIGIL_NOSUCH_X": "1"}, "names no config section"),
     ("", {"VIGIL_LOCAL_KAFKA_PORT": "high"}, "cannot read"),
+    ("", {"VIGIL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}, "only PLAINTEXT is supported"),
 ])
 def test_errors_say_what_is_wrong(tmp_path: Path, text: str, env: dict[str, str],
                                   match: str) -> None:
@@ -63,3 +64,5 @@ def test_secrets_never_print() -> None:
     assert isinstance(cfg.kafka.sasl_password, Secret)
     assert cfg.kafka.sasl_password.reveal() == "hunter2"
     assert mask_url("redis://r:6379") == "redis://r:6379"
+    assert mask_url("https://hooks.slack.com/services/T0/B0/tok") == "https://hooks.slack.com/***"
+    assert mask_url("https://x/hook?token=abc") == "https://x/***?***"
