@@ -23,13 +23,13 @@ def test_the_fake_offers_every_function_the_source_calls() -> None:
 
 
 def test_hopper_reading_has_every_catalog_metric_in_contract_units() -> None:
-    source = NvmlSource(FakeNvml(gpus=8))
+    source = NvmlSource(FakeNvml(gpus=8, clock=lambda: 5.0))
     reading = source.read(1.0)
     assert sorted(reading.gpus, key=int) == ["0", "2", "4", "6", "11", "13", "15", "17"]
     gpu = reading.gpus["0"]
     assert set(gpu) == set(GPU_METRICS)
-    expected = busy_training(0, 0)
-    assert gpu["power"] == pytest.approx(expected["power"], abs=10)  # mW → W
+    expected = busy_training(0, 5.0)
+    assert gpu["power"] == pytest.approx(expected["power"], abs=0.001)  # mW → W
     assert gpu["gpu_util"] == pytest.approx(0.99)  # percent → ratio
     assert gpu["nvlink_tx"] == pytest.approx(30e9)  # MiB/s → bytes/s
     assert 0 <= gpu["sm_active"] <= 1 and gpu["xid"] == 0
