@@ -51,7 +51,7 @@ def robust_z(matrix: Array, abs_floor: float,
     return z, median, scale
 
 
-def robust_z_axis(values: Array, axis: int, abs_floor: float,
+def robust_z_axis(values: Array, axis: int, abs_floor: float | Array,
                   rel_floor: float = 0.02) -> Array:
     """Like ``robust_z`` but over any peer axis (e.g. the GPUs of each node)."""
     median = np.expand_dims(nanmedian(values, axis=axis), axis)

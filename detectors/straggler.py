@@ -42,6 +42,8 @@ STRAGGLER_METRICS: dict[str, float] = {
     "sm_clock": 25.0,
 }
 GPU_READS = tuple(STRAGGLER_METRICS)
+_NAMES = tuple(STRAGGLER_METRICS)
+_FLOORS = np.array([STRAGGLER_METRICS[m] for m in _NAMES])
 NIC_READS: tuple[str, ...] = ()
 MIN_GPU_PEERS = 4
 MIN_NODE_PEERS = 3
@@ -83,12 +85,14 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     gpu_devs: dict[tuple[str, str], list[_Deviation]] = {}
     node_devs: dict[str, list[_Deviation]] = {}
     flagged_nodes: set[str] = set()
-    residuals: dict[str, tuple[Array, Array]] = {}
-    for metric, floor in STRAGGLER_METRICS.items():
-        cube = view.per_node(metric)  # nodes × slots × bins
-        residuals[metric] = _node_residuals(cube)
-        _gpu_level(view, cube, metric, floor, p, gpu_devs)
-        _node_level(view, residuals[metric], metric, floor, p, memory, node_devs)
+    # every metric at once: metrics × nodes × slots × bins (one numpy pass, not five)
+    stack = np.stack([view.per_node(m) for m in _NAMES])
+    _gpu_level(view, stack, p, gpu_devs)
+    node_value = nanmedian(stack, axis=2)  # metrics × nodes × bins
+    residual = node_value - np.expand_dims(nanmedian(node_value, axis=1), 1)
+    residuals = {m: (node_value[i], residual[i]) for i, m in enumerate(_NAMES)}
+    for i, metric in enumerate(_NAMES):
+        _node_level(view, residuals[metric], metric, float(_FLOORS[i]), p, memory, node_devs)
     findings = []
     for node, devs in sorted(node_devs.items()):
         if len({d.metric for d in devs}) >= MIN_METRICS:
@@ -101,26 +105,20 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     return findings
 
 
-def _gpu_level(view: WindowView, cube: Array, metric: str, floor: float, p: StragglerParams,
+def _gpu_level(view: WindowView, stack: Array, p: StragglerParams,
                out: dict[tuple[str, str], list[_Deviation]]) -> None:
-    peers = np.sum(~np.isnan(cube[:, :, -1]), axis=1)
-    z = robust_z_axis(cube, axis=1, abs_floor=floor)
-    test = persistent(z, p.z, p.need_bins, p.of_bins)
-    median = nanmedian(cube[:, :, -p.of_bins:], axis=1)  # nodes × recent bins
-    for n, slot in zip(*np.nonzero(test.flagged), strict=True):
-        if peers[n] < MIN_GPU_PEERS:
+    """Each GPU against the other GPUs of its node, every metric at once."""
+    peers = np.sum(~np.isnan(stack[..., -1]), axis=2)  # metrics × nodes
+    z = robust_z_axis(stack, axis=2, abs_floor=_FLOORS[:, None, None, None])
+    test = persistent(z, p.z, p.need_bins, p.of_bins)  # metrics × nodes × slots
+    for m, n, slot in zip(*np.nonzero(test.flagged), strict=True):
+        if peers[m, n] < MIN_GPU_PEERS:
             continue
         node, gpu = view.gpu_at(int(n), int(slot))
-        value = float(np.nanmedian(cube[n, slot, -p.of_bins:]))
+        recent = stack[m, n, :, -p.of_bins:]
         out.setdefault((node, gpu), []).append(_Deviation(
-            metric, float(test.score[n, slot]), value, float(np.nanmedian(median[n])),
-            int(test.first[n, slot])))
-
-
-def _node_residuals(cube: Array) -> tuple[Array, Array]:
-    """(each node's median GPU, its distance from the job median), nodes × bins."""
-    node_value = nanmedian(cube, axis=1)
-    return node_value, node_value - nanmedian(node_value, axis=0)
+            _NAMES[m], float(test.score[m, n, slot]), float(np.nanmedian(recent[slot])),
+            float(np.nanmedian(nanmedian(recent, axis=0))), int(test.first[m, n, slot])))
 
 
 def _node_level(view: WindowView, residuals: tuple[Array, Array], metric: str, floor: float,
