@@ -85,10 +85,6 @@ class JobWindow:
                 found.update((node, dev) for dev in data[section])
         return sorted(found, key=lambda e: (e[0], _device_order(e[1])))
 
-    def nodes(self, bins: range) -> set[str]:
-        """Nodes that reported at least once in ``bins``."""
-        return {node for b in bins for node in self.bins.get(str(b), {})}
-
     def matrices(self, section: str, metrics: tuple[str, ...], entities: list[Entity],
                  bins: range) -> dict[str, Array]:
         """Metric → (entities × bins) means; NaN where nothing was read.
