@@ -58,8 +58,6 @@ class IncidentTracker:
                 det = self._detection(finding, key, cond["since"], now, "firing")
                 cond["detection"] = det
                 out.append(det)
-            elif cond["firing"]:
-                cond["peak_score"] = max(cond.get("peak_score", 0.0), finding.score)
         for key in [k for k in self.conditions if k not in seen]:
             if key.split("|", 1)[0] not in kinds:
                 continue

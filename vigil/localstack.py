@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,10 +249,10 @@ def start_redis(config: Config, svc: Service, timeout: float = 30.0) -> None:
     _wait(svc, timeout, lambda: redis_ping(svc.port))
 
 
-def _wait(svc: Service, timeout: float, ready: object) -> None:
+def _wait(svc: Service, timeout: float, ready: Callable[[], bool]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if ready():  # type: ignore[operator]
+        if ready():
             return
         if svc.pid() is None:
             tail = svc.logfile.read_text(errors="replace")[-3000:] if svc.logfile.exists() else ""

@@ -6,39 +6,19 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
-from kafka import KafkaConsumer
 
 from alerting.state import LiveState
 from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
+from tests.integration.kafka_helpers import read_topic
 
 pytestmark = pytest.mark.integration
 VIGIL = [sys.executable, "-m", "vigil.cli"]
-
-
-def _detections(cfg: Config, want: int, timeout: float,
-                worker: subprocess.Popen[bytes] | None = None) -> list[dict[str, Any]]:
-    consumer = KafkaConsumer(topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
-                             bootstrap_servers=cfg.kafka_bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=1000)
-    found: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and len(found) < want:
-            if worker is not None and worker.poll() is not None:
-                break
-            for record in consumer:
-                found.append(decode_detection(record.value))
-    finally:
-        consumer.close()
-    return found
 
 
 def test_injected_slow_gpu_reaches_redis(isolated_env: dict[str, str], isolated_cfg: Config,
@@ -50,7 +30,8 @@ def test_injected_slow_gpu_reaches_redis(isolated_env: dict[str, str], isolated_
     worker = subprocess.Popen([*VIGIL, "worker"], env=isolated_env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        dets = _detections(isolated_cfg, want=1, timeout=150, worker=worker)
+        dets = [decode_detection(v) for v in read_topic(
+            isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= 1, 150, worker)]
     finally:
         worker.send_signal(signal.SIGTERM)
         _, err = worker.communicate(timeout=60)
