@@ -29,6 +29,7 @@ from alerting.channels import (
 )
 from alerting.delivery import ChannelWorker, DeliveryPolicy
 from alerting.executors import CommandExecutor, Executor, KubernetesExecutor, SlurmExecutor
+from alerting.metrics import serve_metrics
 from alerting.remediation import Remediator
 from alerting.router import Route, Router
 from alerting.silences import SilenceStore
@@ -37,8 +38,11 @@ from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
 from contracts.errors import ConfigError, ContractError
+from contracts.status import decode_status
 
 log = logging.getLogger(__name__)
+STATUS_KEEP_SECONDS = 3600.0  # a job or worker silent this long leaves the live view
+STATUS_PRUNE_EVERY = 60.0
 
 
 def build_channels(cfg: Config, producer: Any = None) -> dict[str, tuple[Channel, Route, float]]:
@@ -128,8 +132,10 @@ class Alerter:
                 give_up_after_seconds=a.give_up_after_seconds), self._outcome)
             for name, (channel, _, rate) in channels.items()}
         self.remediator = build_remediator(cfg, state, self._escalate)
-        self.applied = self.duplicates = self.invalid = 0
-        self.outcomes: dict[str, int] = {}
+        self.applied = self.duplicates = self.invalid = self.statuses = 0
+        self.outcomes: dict[tuple[str, str], int] = {}  # (channel, result) → count
+        self.status_topic = topics.topic(topics.STATUS, cfg.kafka.topic_prefix)
+        self._pruned_at = 0.0
         self._stop = False
         self._restore()
 
@@ -142,7 +148,7 @@ class Alerter:
 
     def _outcome(self, channel: str, det: dict[str, Any], result: str, attempts: int,
                  why: str) -> None:
-        self.outcomes[result] = self.outcomes.get(result, 0) + 1
+        self.outcomes[channel, result] = self.outcomes.get((channel, result), 0) + 1
         self.state.log_delivery(channel, det, result, attempts, why)
         if result == "delivered" and det["state"] == "firing":
             self.state.mark_told(det["job"], det["id"], channel)
@@ -167,6 +173,9 @@ class Alerter:
         for records in batches.values():
             for record in records:
                 count += 1
+                if record.topic == self.status_topic:
+                    self._pipeline_status(record)
+                    continue
                 try:
                     det = decode_detection(record.value)
                 except ContractError as exc:
@@ -187,6 +196,21 @@ class Alerter:
         if self.remediator is not None:
             self.remediator.tick()
         return count
+
+    def _pipeline_status(self, record: Any) -> None:
+        """Keep a worker's status for the live view; a bad one is logged and skipped
+        (the topic is best-effort and its newest message supersedes it anyway)."""
+        try:
+            self.state.put_pipeline_status(decode_status(record.value))
+            self.statuses += 1
+        except ContractError as exc:
+            self.invalid += 1
+            log.warning("invalid status at %s[%d]@%d: %s", record.topic, record.partition,
+                        record.offset, exc)
+        now = time.time()
+        if now - self._pruned_at > STATUS_PRUNE_EVERY:
+            self._pruned_at = now
+            self.state.prune_pipeline_status(now - STATUS_KEEP_SECONDS)
 
     def run(self, max_seconds: float | None = None) -> None:
         """Loop until ``stop()`` or ``max_seconds``."""
@@ -210,9 +234,12 @@ def run_alerter(cfg: Config, max_seconds: float | None = None) -> int:
     channels = build_channels(cfg)
     consumer = KafkaConsumer(
         topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
+        topics.topic(topics.STATUS, cfg.kafka.topic_prefix),
         bootstrap_servers=cfg.kafka_bootstrap, group_id=cfg.alerter.group_id,
         enable_auto_commit=False, auto_offset_reset="earliest")
     alerter = Alerter(cfg, consumer, state, channels)
+    if cfg.alerter.metrics_port:
+        serve_metrics(alerter, cfg.alerter.metrics_port, cfg.alerter.metrics_bind)
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         alerter.stop()
@@ -227,5 +254,5 @@ def run_alerter(cfg: Config, max_seconds: float | None = None) -> int:
         consumer.close()
         log.info("alerter stopped: %d applied, %d duplicates, %d invalid; deliveries %s",
                  alerter.applied, alerter.duplicates, alerter.invalid,
-                 json.dumps(alerter.outcomes, sort_keys=True))
+                 json.dumps({f"{c}/{r}": n for (c, r), n in sorted(alerter.outcomes.items())}))
     return 0

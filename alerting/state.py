@@ -12,6 +12,8 @@ one job's keys share a slot and the compare-and-set below is atomic there):
 - ``P:updates``              pub/sub channel: every applied detection
 - ``P:deliveries``           stream: every channel delivery outcome (capped)
 - ``P:undelivered``          stream: what a channel gave up on, with why (capped)
+- ``P:live-jobs``            hash: job → its newest ``vigil.status/1`` (per-GPU heat)
+- ``P:live-workers``         hash: worker → its newest heartbeat (lag, dead letters)
 
 The incident hash also records ``told:<channel>`` for channels that delivered its
 firing, so a restarted alerter sends resolves to the same channels.
@@ -24,6 +26,7 @@ beats firing), so Kafka redeliveries and replays change nothing.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import redis
@@ -156,6 +159,39 @@ class LiveState:
         """``node`` / ``node/gpu`` / ``-`` (job-level) → ids of its open incidents."""
         raw: dict[bytes, bytes] = self.r.hgetall(self.status_key(job))  # type: ignore[assignment]
         return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    def put_pipeline_status(self, status: dict[str, Any], seen: float | None = None) -> None:
+        """Keep the newest status of a job or worker, stamped with when it was ``seen``
+        (wall time); an older one arriving late is ignored."""
+        key, field = ((f"{self.prefix}:live-jobs", status["job"]) if status["kind"] == "job"
+                      else (f"{self.prefix}:live-workers", status["worker"]))
+        old = self.r.hget(key, field)
+        if old is None or json.loads(old)["ts"] <= status["ts"]:
+            stamped = {**status, "seen": time.time() if seen is None else seen}
+            self.r.hset(key, field, json.dumps(stamped, separators=(",", ":")))
+
+    def pipeline_status(self, max_age: float | None = None,
+                        now: float | None = None) -> dict[str, dict[str, Any]]:
+        """``{"jobs": {job: status}, "workers": {worker: status}}``; with ``max_age``,
+        only what was seen within that many seconds."""
+        cutoff = None if max_age is None else (time.time() if now is None else now) - max_age
+        out: dict[str, dict[str, Any]] = {}
+        for kind in ("jobs", "workers"):
+            raw: dict[bytes, bytes] = self.r.hgetall(  # type: ignore[assignment]
+                f"{self.prefix}:live-{kind}")
+            found = {k.decode(): json.loads(v) for k, v in raw.items()}
+            out[kind] = {name: st for name, st in found.items()
+                         if cutoff is None or st["seen"] >= cutoff}
+        return out
+
+    def prune_pipeline_status(self, older_than: float) -> int:
+        """Forget job heat and heartbeats last seen before ``older_than`` (wall time)."""
+        removed = 0
+        for kind, entries in self.pipeline_status().items():
+            stale = [name for name, st in entries.items() if st["seen"] < older_than]
+            if stale:
+                removed += int(self.r.hdel(f"{self.prefix}:live-{kind}", *stale))
+        return removed
 
     def history(self, count: int = 100) -> list[dict[str, Any]]:
         """The latest applied detections, newest first."""

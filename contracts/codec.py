@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from typing import Any
 
 from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
@@ -28,6 +29,7 @@ _SAMPLE_FIELDS = {"schema", "ts", "job", "node", "gpus", "host", "nics", "meta"}
 _DETECTION_FIELDS = {"schema", "id", "kind", "state", "severity", "job", "node", "gpu",
                      "started_at", "detected_at", "metrics", "score", "summary", "evidence"}
 _RATIO_SLACK = 1e-6  # float rounding in averaged ratios
+_NUMERIC = {float, int}  # exact types: bool (a subclass of int) is refused
 
 
 def _reject_constant(token: str) -> float:
@@ -78,16 +80,17 @@ _CEILINGS = {id(cat): {name: m.high + (_RATIO_SLACK if m.unit == "ratio" else 0)
 def _metrics(value: Any, path: str, catalog: dict[str, Metric]) -> None:
     """Every reading is a catalog metric with a finite number in range.
 
-    The fast path is one chained comparison per reading (NaN and ±inf fail it too);
-    only a failing object is re-checked slowly to name the exact reason.
+    The fast path runs as C loops over the whole object: known names, numeric types,
+    non-negative, under each ceiling (NaN and ±inf fail the ceiling comparison). Only
+    a failing object is re-checked slowly to name the exact reason.
     """
-    if isinstance(value, dict):
+    if type(value) is dict:
         ceilings = _CEILINGS[id(catalog)]
-        try:
-            if all(type(v) in (float, int) and 0 <= v <= ceilings[k] for k, v in value.items()):
-                return
-        except KeyError:
-            pass
+        readings = value.values()
+        if (value.keys() <= ceilings.keys() and set(map(type, readings)) <= _NUMERIC
+                and (not value or min(readings) >= 0)
+                and all(map(operator.le, readings, map(ceilings.__getitem__, value)))):
+            return
     _metrics_slow(value, path, catalog)
 
 

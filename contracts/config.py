@@ -114,6 +114,7 @@ class WorkerConfig:
     checkpoint_steps: int = 6  # evaluated steps between checkpoints of a quiet job
     batch_size: int = 500
     batch_seconds: float = 0.5
+    status_seconds: float = 5.0  # job heat and worker health for the live view; 0 = off
     data_dir: str = ".vigil/worker"
 
 
@@ -145,6 +146,8 @@ class AlerterConfig:
     routes (``"severity>=warning kinds=hang,gpu_health jobs=prod-*"``) and timers."""
 
     group_id: str = "vigil-alerter"
+    metrics_port: int = 6067  # Prometheus /metrics; 0 turns it off
+    metrics_bind: str = "127.0.0.1"
     alertmanager_url: str = ""
     alertmanager_route: str = ""
     slack_webhook: Secret | None = None

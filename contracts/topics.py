@@ -5,6 +5,7 @@ DETECTIONS = "vigil.detections"
 DEADLETTER = "vigil.deadletter"
 ALERTS = "vigil.alerts"
 ACTIONS = "vigil.actions"
+STATUS = "vigil.status"  # internal: the live view's feed (contracts/status.py)
 
 
 def topic(name: str, prefix: str = "") -> str:

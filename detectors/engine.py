@@ -94,6 +94,20 @@ class JobEngine:
         self.window.drop_before(self.next_bin - self.window_bins)
         return out
 
+    def heat(self, metrics: tuple[str, ...]) -> dict[str, list[float | None]]:
+        """``"node/gpu"`` → the last evaluated bin's mean of each metric (None: no
+        reading): what the live view draws."""
+        if self.next_bin is None:
+            return {}
+        nodes = self.window.bins.get(str(self.next_bin - 1), {})
+        out: dict[str, list[float | None]] = {}
+        for node, data in nodes.items():
+            for gpu, readings in data["g"].items():
+                out[f"{node}/{gpu}"] = [
+                    round(pair[0] / pair[1], 4) if (pair := readings.get(m)) else None
+                    for m in metrics]
+        return out
+
     def findings(self, last_bin: int) -> list[Finding]:
         """Every detector's findings for the window ending with ``last_bin``."""
         bins = range(last_bin - self.window_bins + 1, last_bin + 1)

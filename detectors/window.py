@@ -36,6 +36,8 @@ class JobWindow:
         self.bin_seconds = bin_seconds
         self.gpu_metrics = gpu_metrics
         self.nic_metrics = nic_metrics
+        self._gpu_wanted = frozenset(gpu_metrics)
+        self._nic_wanted = frozenset(nic_metrics)
         self.bins: dict[str, dict[str, Any]] = (state or {}).get("bins", {})
         # (section, bin) → (entities, metric → column): sealed bins never change, so their
         # columns are built once. Derived data: not part of the persisted state.
@@ -53,22 +55,22 @@ class JobWindow:
         """Fold one validated sample into its bin."""
         node_bin = self.bins.setdefault(str(self.bin_of(sample["ts"])), {}).setdefault(
             sample["node"], {"g": {}, "n": {}})
-        for section, source, names in (("g", sample["gpus"], self.gpu_metrics),
-                                       ("n", sample["nics"], self.nic_metrics)):
+        for section, source, wanted in (("g", sample["gpus"], self._gpu_wanted),
+                                        ("n", sample["nics"], self._nic_wanted)):
             target = node_bin[section]
             for dev, readings in source.items():
                 acc = target.setdefault(dev, {})
-                for name in names:
-                    value = readings.get(name)
-                    if value is not None:
-                        pair = acc.get(name)
-                        if pair is None:
-                            acc[name] = [float(value), 1]
-                        elif name in BIN_MAX_METRICS:
-                            pair[0] = max(pair[0], value)
-                        else:
-                            pair[0] += value
-                            pair[1] += 1
+                for name, value in readings.items():
+                    if name not in wanted:
+                        continue
+                    pair = acc.get(name)
+                    if pair is None:
+                        acc[name] = [float(value), 1]
+                    elif name in BIN_MAX_METRICS:
+                        pair[0] = max(pair[0], value)
+                    else:
+                        pair[0] += value
+                        pair[1] += 1
 
     def drop_before(self, first_bin: int) -> None:
         """Forget bins older than ``first_bin`` (bounded memory)."""

@@ -32,6 +32,7 @@ from contracts import topics
 from contracts.codec import encode_detection
 from contracts.config import Config
 from contracts.errors import ContractError
+from contracts.status import HEAT_METRICS, encode_status, job_status, status_key, worker_status
 from detectors.engine import JobEngine
 from streams.deadletter import deadletter_record
 from streams.decode import decode_sample_fast
@@ -68,6 +69,8 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
                            value_serializer="raw", partitions=cfg.kafka.detections_partitions)
     deadletter = app.topic(topics.topic(topics.DEADLETTER, prefix), key_serializer="raw",
                            value_serializer="raw", partitions=1)
+    status = app.topic(topics.topic(topics.STATUS, prefix), key_serializer="raw",
+                       value_serializer="raw", partitions=1)
     # Faust derives a table's serializers from key_type/value_type (bytes = raw), and
     # recovery reads the changelog with those, not with a schema's.
     table = app.Table("engines", default=None, partitions=cfg.kafka.samples_partitions,
@@ -77,7 +80,11 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
     since_checkpoint: dict[str, int] = {}  # evaluated steps since the job's last checkpoint
     # Which worker produced a detection, for operators and tests (a header: the body
     # stays exactly the contract's message).
-    origin = {WORKER_HEADER: f"{socket.gethostname()}-{os.getpid()}".encode()}
+    worker_id = f"{socket.gethostname()}-{os.getpid()}"
+    origin = {WORKER_HEADER: worker_id.encode()}
+    heat_due: set[str] = set()  # jobs evaluated since the last status
+    totals = {"samples": 0, "deadletters": 0}
+    lag_now: dict[str, int] = {}  # partition → lag, as the lag timer last saw it
 
     def engine_for(job: str) -> JobEngine:
         engine = live.get(job)
@@ -119,10 +126,12 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
                 sample = decode_sample_fast(event.value)
             except ContractError as exc:
                 metrics.deadletters.labels(exc.reason).inc()
+                totals["deadletters"] += 1
                 await deadletter.send(key=msg.key, value=deadletter_record(
                     event.value, exc.reason, exc.detail, msg.topic, msg.partition, msg.offset))
                 continue
             metrics.samples.inc()
+            totals["samples"] += 1
             if sample["job"]:
                 by_job[sample["job"]].append(sample)
         for job, job_samples in by_job.items():
@@ -140,6 +149,8 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
                 await detections.send(key=job.encode(), value=encode_detection(det),
                                       headers=origin)
             steps = (engine.next_bin or 0) - (step_before or 0)
+            if steps:
+                heat_due.add(job)
             due = since_checkpoint.get(job, 0) + steps
             if found or due >= cfg.worker.checkpoint_steps:
                 checkpoint(engine)
@@ -148,12 +159,30 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:
+        lag_now.clear()
         for tp in app.consumer.assignment():
             if tp.topic != samples_name:
                 continue
             high = app.consumer.highwater(tp)
             position = await app.consumer.position(tp)
             if high is not None and position is not None:
-                metrics.lag.labels(str(tp.partition)).set(max(0, high - position))
+                lag_now[str(tp.partition)] = max(0, high - position)
+                metrics.lag.labels(str(tp.partition)).set(lag_now[str(tp.partition)])
+
+    if cfg.worker.status_seconds > 0:
+        @app.timer(interval=cfg.worker.status_seconds)
+        async def publish_status() -> None:
+            """Each evaluated job's heat and this worker's health, for `vigil top`."""
+            now = time.time()
+            for job in sorted(heat_due):
+                engine = live.get(job)
+                if engine is not None:
+                    msg = job_status(job, (engine.next_bin or 0) * cfg.detect.bin_seconds,
+                                     worker_id, engine.heat(HEAT_METRICS), engine.late)
+                    await status.send(key=status_key(msg), value=encode_status(msg))
+            heat_due.clear()
+            msg = worker_status(worker_id, now, dict(lag_now), totals["samples"],
+                                totals["deadletters"], len(live))
+            await status.send(key=status_key(msg), value=encode_status(msg))
 
     return app

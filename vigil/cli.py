@@ -91,6 +91,20 @@ def _alerts(cfg: Config, args: argparse.Namespace) -> int:
     return alerts(cfg, args)
 
 
+def _report(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.commands import report
+    return report(cfg, args)
+
+
+def _top(cfg: Config, args: argparse.Namespace) -> int:
+    import redis
+
+    from alerting.state import LiveState
+    from vigil import top
+    state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    return top.run(state, args.interval, args.once, False if args.no_color else None)
+
+
 def _bench(cfg: Config, args: argparse.Namespace) -> int:
     if args.what == "detect":
         from vigil import benchdetect
@@ -133,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("trace", help="trace file of vigil.sample/1 lines, '-' for stdin")
     rep.add_argument("--out", default="-", help="detections output (default stdout)")
 
+    rpt = add("report", _report, "a job's HTML report with per-GPU heatmaps and detections")
+    rpt.add_argument("job", help="job id")
+    rpt.add_argument("--trace", help="JSON-lines trace (default: the samples topic)")
+    rpt.add_argument("--out", help="HTML file (default vigil-report-JOB.html)")
+
     add("worker", _worker, "run the Faust stream worker")
 
     ag = add("agent", _agent, "the node agent: sample this node's GPUs, NICs and host")
@@ -165,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     alerts.add_argument("--job", help="only this job")
     alerts.add_argument("--kind", help="only this detection kind")
     alerts.add_argument("--severity", choices=["info", "warning", "critical"])
+
+    top = add("top", _top, "live view: per-GPU heat, open incidents, pipeline health")
+    top.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--no-color", action="store_true", help="no ANSI colours")
 
     sil = add("silence", _silence, "silence notifications matching labels (Redis-wide)")
     sil.add_argument("action", choices=["add", "list", "expire"])

@@ -1,4 +1,4 @@
-"""Subcommand bodies that wire stages together (simulate, replay, alerter, alerts)."""
+"""Subcommand bodies that wire stages together (simulate, replay, report, alerter, alerts)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import IO, Any
 from contracts import topics
 from contracts.codec import ContractError, decode_sample, encode_detection, encode_sample
 from contracts.config import Config
+from vigil.progress import Progress
 
 log = logging.getLogger("vigil")
 
@@ -61,13 +62,10 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
     return 0 if pub.failed == 0 else 1
 
 
-def replay(cfg: Config, args: argparse.Namespace) -> int:
-    """Run the detectors over a trace in event time and print detections as JSON lines."""
-    from detectors.engine import ReplayRunner
-
-    runner = ReplayRunner(cfg.detect)
+def trace_samples(path: str, progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+    """Valid samples of a JSON-lines trace; bad lines are logged with their reason."""
     bad = 0
-    with _open(args.trace, "rb") as trace, _open(args.out, "wb") as out:
+    with _open(path, "rb") as trace:
         for lineno, line in enumerate(trace, 1):
             if not line.strip():
                 continue
@@ -77,11 +75,79 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
                 bad += 1
                 log.warning("line %d skipped: %s", lineno, exc)
                 continue
+            if progress is not None:
+                progress.update(f"{lineno:,} lines, {bad} invalid")
+            yield sample
+    if bad:
+        log.warning("%s: %d invalid lines skipped", path, bad)
+
+
+def replay(cfg: Config, args: argparse.Namespace) -> int:
+    """Run the detectors over a trace in event time and print detections as JSON lines."""
+    from detectors.engine import ReplayRunner
+
+    runner = ReplayRunner(cfg.detect)
+    progress = Progress("replay")
+    found = 0
+    with _open(args.out, "wb") as out:
+        for sample in trace_samples(args.trace, progress):
             for detection in runner.feed(sample):
+                found += 1
                 out.write(encode_detection(detection) + b"\n")
     late = sum(e.late for e in runner.engines.values())
-    if bad or late:
-        log.warning("replay: %d invalid lines, %d late samples", bad, late)
+    progress.done(f"{len(runner.engines)} jobs, {found} detections, {late} late samples")
+    return 0
+
+
+def topic_samples(cfg: Config, job: str, progress: Progress | None = None,
+                  ) -> Iterator[dict[str, Any]]:
+    """One job's valid samples in the samples topic, oldest first, up to its end now."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    name = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
+    consumer = KafkaConsumer(bootstrap_servers=cfg.kafka_bootstrap, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(name, p) for p in consumer.partitions_for_topic(name) or ()]
+        if not parts:
+            raise ContractError("unknown_topic", f"topic {name} not found")
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        end = consumer.end_offsets(parts)
+        key, read = job.encode(), 0
+        while any(consumer.position(tp) < end[tp] for tp in parts):
+            for records in consumer.poll(timeout_ms=1000, max_records=5000).values():
+                for record in records:
+                    read += 1
+                    if record.key != key or record.offset >= end[TopicPartition(
+                            record.topic, record.partition)]:
+                        continue
+                    try:
+                        yield decode_sample(record.value)
+                    except ContractError:
+                        continue  # the worker dead-letters these; a report just skips
+            if progress is not None:
+                progress.update(f"{read:,} of {sum(end.values()):,} messages read")
+    finally:
+        consumer.close()
+
+
+def report(cfg: Config, args: argparse.Namespace) -> int:
+    """Write a job's HTML report from a trace or the samples topic."""
+    from vigil.report import build
+    from vigil.report_html import render
+
+    progress = Progress(f"report {args.job}")
+    samples = (trace_samples(args.trace, progress) if args.trace
+               else topic_samples(cfg, args.job, progress))
+    try:
+        data = build(samples, args.job, cfg.detect)
+    except ValueError as exc:
+        print(f"vigil report: {exc}", file=sys.stderr)
+        return 1
+    out = args.out or f"vigil-report-{args.job}.html"
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write(render(data))
+    progress.done(f"{data.samples:,} samples, {len(data.detections)} detections → {out}")
     return 0
 
 

@@ -14,20 +14,23 @@ log = logging.getLogger(__name__)
 
 
 def ensure_topics(cfg: Config) -> None:
-    """Create samples, detections, dead-letter, alerts and actions topics if absent."""
+    """Create samples, detections, dead-letter, alerts, actions and status topics if absent."""
     wanted = {
         topics.SAMPLES: cfg.kafka.samples_partitions,
         topics.DETECTIONS: cfg.kafka.detections_partitions,
         topics.DEADLETTER: 1,
         topics.ALERTS: cfg.kafka.detections_partitions,
         topics.ACTIONS: 1,
+        topics.STATUS: 1,
     }
     admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id="vigil-admin")
     try:
         existing = set(admin.list_topics())
-        retention = {"retention.ms": str(int(cfg.kafka.samples_retention_hours * 3600e3))}
+        configs = {topics.SAMPLES: {
+            "retention.ms": str(int(cfg.kafka.samples_retention_hours * 3600e3))},
+            topics.STATUS: {"cleanup.policy": "compact,delete", "retention.ms": "3600000"}}
         new = [NewTopic(topics.topic(name, cfg.kafka.topic_prefix), parts, 1,
-                        topic_configs=retention if name == topics.SAMPLES else {})
+                        topic_configs=configs.get(name, {}))
                for name, parts in wanted.items()
                if topics.topic(name, cfg.kafka.topic_prefix) not in existing]
         if new:

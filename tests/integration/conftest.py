@@ -34,7 +34,7 @@ def isolated_env() -> Iterator[dict[str, str]]:
     env.update({"VIGIL_KAFKA_TOPIC_PREFIX": f"t{tag}.", "VIGIL_WORKER_APP_ID": f"w{tag}",
                 "VIGIL_ALERTER_GROUP_ID": f"a{tag}", "VIGIL_REDIS_KEY_PREFIX": f"t{tag}",
                 "VIGIL_WORKER_DATA_DIR": f".vigil/test-worker/{tag}",
-                "VIGIL_WORKER_WEB_PORT": "0"})
+                "VIGIL_WORKER_WEB_PORT": "0", "VIGIL_ALERTER_METRICS_PORT": "0"})
     cfg = load(env=env)
     assert _reachable(cfg.kafka_bootstrap), (
         f"Kafka {cfg.kafka_bootstrap} unreachable: run `make test` (it starts the stack)")

@@ -1,0 +1,74 @@
+"""`vigil report`: the numbers behind the plots, and the self-contained page."""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from contracts.codec import encode_sample
+from contracts.config import DetectConfig
+from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from vigil.report import build
+from vigil.report_html import render
+
+START = 1_860_000_000.0
+
+
+def _samples(kind: str, fault: str, duration: float = 180.0) -> tuple[list, Fault]:
+    job = JobSpec("rep", [f"r{i}" for i in range(4)], kind=kind)
+    f = Fault(fault, "rep", "r2", "5" if fault != "nic_degraded" else None, START + 60)
+    return list(Simulator(Cluster([job], [f]), START).samples(duration)), f
+
+
+@pytest.mark.parametrize("kind", ["data_parallel", "pipeline", "moe"])
+def test_slow_gpu_row_stands_out_in_the_heatmap(kind: str) -> None:
+    samples, fault = _samples(kind, "slow_gpu")
+    data = build(samples, "rep", DetectConfig())
+    assert len(data.rows) == 32 and data.heat["sm_active"].shape[0] == 32
+    faulty = data.rows.index("r2/5")
+    onset_bin = int((fault.start - data.start) // data.bin_seconds) + 1
+    after = data.heat["sm_active"][:, onset_bin:]
+    row_means = np.nanmean(after, axis=1)
+    others = np.delete(row_means, faulty)
+    # The slow GPU computes while its peers wait: its SM row is the job's extreme.
+    assert row_means[faulty] > others.max(), (row_means[faulty], others.max())
+    assert data.stands_out[0][:2] == ("r2/5", "sm_active"), data.stands_out
+    # No other GPU is flagged (a pipeline's stages, i.e. whole nodes, may differ).
+    assert {r for r, *_ in data.stands_out if "/" in r} == {"r2/5"}
+    assert any((d["node"], d["gpu"]) == ("r2", "5") for d in data.detections)
+    assert sum(data.shares.values()) == pytest.approx(1.0)
+    assert 0.0 < data.shares["communication"] < 1.0
+
+
+def test_page_is_self_contained_with_plots_and_detections(tmp_path: Path) -> None:
+    samples, _ = _samples("data_parallel", "nic_degraded")
+    data = build(samples, "rep", DetectConfig())
+    page = render(data)
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == 3
+    assert all(base64.b64decode(i).startswith(b"\x89PNG\r\n\x1a\n") for i in images)
+    assert "http://" not in page and "https://" not in page  # nothing fetched when opened
+    assert "link_health" in page and "r2" in page
+    assert data.ib.max() > 0 and data.nvlink.max() > 0
+
+
+def test_cli_writes_report_from_a_trace_and_refuses_unknown_job(tmp_path: Path) -> None:
+    samples, _ = _samples("data_parallel", "slow_gpu", duration=120.0)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(b"\n".join(encode_sample(s) for s in samples) + b"\nnot json\n")
+    out = tmp_path / "r.html"
+    cli = [sys.executable, "-m", "vigil.cli", "report"]
+    done = subprocess.run([*cli, "rep", "--trace", str(trace), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "invalid lines skipped" in done.stderr and out.stat().st_size > 10_000
+    missing = subprocess.run([*cli, "nope", "--trace", str(trace), "--out",
+                              str(tmp_path / "n.html")], capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 1 and "no samples of job 'nope'" in missing.stderr

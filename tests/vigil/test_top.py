@@ -1,0 +1,48 @@
+"""The live view's frame, rendered from a hand-made snapshot (no Redis needed)."""
+
+from __future__ import annotations
+
+from vigil.top import LEVELS, NO_READING, Snapshot, cell, render
+
+
+def _det(job: str, node: str, gpu: str | None, kind: str, at: float) -> dict[str, object]:
+    return {"id": f"{job}-{node}-{gpu}", "kind": kind, "job": job, "node": node, "gpu": gpu,
+            "severity": "warning", "detected_at": at, "summary": f"{kind} on {node}"}
+
+
+def test_cell_scales_activity_and_marks_no_reading() -> None:
+    assert cell(None) == NO_READING
+    assert cell(0.0) == LEVELS[0] and cell(1.0) == LEVELS[-1]
+    assert LEVELS.index(cell(0.3)) < LEVELS.index(cell(0.9))
+    assert cell(7.0) == LEVELS[-1] and cell(-1.0) == LEVELS[0]  # clamped, never an IndexError
+
+
+def test_frame_shows_heat_incidents_and_pipeline() -> None:
+    heat = {f"n{n}/{g}": [0.9, 0.5, 0.6] for n in range(2) for g in range(8)}
+    heat["n1/3"] = [0.2, 0.1, None]
+    snap = Snapshot(
+        taken_at=1000.0,
+        jobs={"train": {"job": "train", "heat": heat, "late": 4,
+                        "metrics": ["sm_active", "tensor_active", "dram_active"]},
+              "quiet": {"job": "quiet", "heat": {"q0/0": [0.5, 0.5, 0.5]}, "late": 0}},
+        workers={"w1": {"lag": {"0": 12, "1": 3}, "deadletters": 2, "samples": 900,
+                        "jobs": 2, "seen": 990.0},
+                 "w2": {"lag": {}, "deadletters": 0, "samples": 1, "jobs": 0, "seen": 900.0}},
+        incidents=[_det("train", "n1", "3", "straggler", 980.0),
+                   _det("train", "n9", None, "node_silent", 970.0)])
+    frame = render(snap, color=False)
+    rows = {line.split()[0]: line for line in frame.splitlines() if line.startswith("  n")}
+    sm_strip = rows["n1"].split()[1]
+    assert sm_strip[3] == cell(0.2) and sm_strip[0] == cell(0.9), rows["n1"]
+    assert NO_READING in rows["n1"].split()[3]  # DRAM of GPU 3 was not read
+    assert "◀ straggler (GPU 3)" in rows["n1"] and "◀" not in rows["n0"]
+    assert frame.index("train") < frame.index("quiet")  # jobs with incidents first
+    assert "lag       15" in frame and "dead letters      2" in frame
+    assert "STALE" in frame.split("worker w2")[1].splitlines()[0]  # 100 s old heartbeat
+    assert "silent agents: n9" in frame
+    assert "\x1b[" not in frame
+
+
+def test_frame_without_data_says_why() -> None:
+    frame = render(Snapshot(taken_at=0.0), color=False)
+    assert "no job heat yet" in frame and "none" in frame and "no worker heartbeat" in frame
