@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -77,30 +79,58 @@ def _quantile(publisher: Any, q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
-def _serve_metrics(cfg: Config, agent: Agent, publisher: Any) -> None:
-    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+class AgentCollector:
+    """The agent's own metrics, read from the agent and publisher at scrape time:
+    counters for totals, gauges for the buffer and publish latency."""
+
+    def __init__(self, agent: Agent, publisher: Any) -> None:
+        self.agent = agent
+        self.publisher = publisher
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        agent, pub = self.agent, self.publisher
+        sampler = agent.sampler
+        for name, doc, value in (
+                ("vigil_agent_ticks", "ticks run", agent.ticks),
+                ("vigil_agent_values_read", "metric values read",
+                 sampler.read if sampler else 0),
+                ("vigil_agent_values_published", "metric values published",
+                 sampler.published if sampler else 0),
+                ("vigil_agent_samples_published", "samples acknowledged by Kafka",
+                 getattr(pub, "published", 0)),
+                ("vigil_agent_samples_dropped", "samples dropped from a full buffer",
+                 getattr(pub, "dropped", 0))):
+            yield CounterMetricFamily(name, doc, value=value)
+        errors = CounterMetricFamily("vigil_agent_errors", "source and publish errors",
+                                     labels=["kind"])
+        merged = collections.Counter(agent.errors) + collections.Counter(getattr(pub, "errors", {}))
+        for kind, count in sorted(merged.items()):
+            errors.add_metric([kind], count)
+        yield errors
+        yield GaugeMetricFamily("vigil_agent_samples_buffered", "samples waiting for Kafka",
+                                value=getattr(pub, "buffered", 0))
+        for q in (0.5, 0.99):
+            yield GaugeMetricFamily(
+                f"vigil_agent_publish_latency_p{int(q * 100)}_seconds",
+                "buffer → Kafka ack, last 10k samples", value=_quantile(pub, q))
+
+
+def agent_registry(agent: Agent, publisher: Any) -> Any:
+    """A Prometheus registry holding only the agent's metrics."""
+    from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry()
-    for name, doc, fn in (
-            ("vigil_agent_ticks", "ticks run", lambda: agent.ticks),
-            ("vigil_agent_values_read", "metric values read",
-             lambda: agent.sampler.read if agent.sampler else 0),
-            ("vigil_agent_values_published", "metric values published",
-             lambda: agent.sampler.published if agent.sampler else 0),
-            ("vigil_agent_samples_published", "samples acknowledged by Kafka",
-             lambda: getattr(publisher, "published", 0)),
-            ("vigil_agent_samples_buffered", "samples waiting for Kafka",
-             lambda: getattr(publisher, "buffered", 0)),
-            ("vigil_agent_samples_dropped", "samples dropped from a full buffer",
-             lambda: getattr(publisher, "dropped", 0)),
-            ("vigil_agent_errors", "source and publish errors",
-             lambda: sum(agent.errors.values()) + sum(getattr(publisher, "errors", {}).values())),
-            ("vigil_agent_publish_latency_p50_seconds", "buffer → Kafka ack, last 10k samples",
-             lambda: _quantile(publisher, 0.5)),
-            ("vigil_agent_publish_latency_p99_seconds", "buffer → Kafka ack, last 10k samples",
-             lambda: _quantile(publisher, 0.99))):
-        Gauge(name, doc, registry=registry).set_function(fn)
-    start_http_server(cfg.agent.metrics_port, addr=cfg.agent.metrics_bind, registry=registry)
+    registry.register(AgentCollector(agent, publisher))
+    return registry
+
+
+def _serve_metrics(cfg: Config, agent: Agent, publisher: Any) -> None:
+    from prometheus_client import start_http_server
+
+    start_http_server(cfg.agent.metrics_port, addr=cfg.agent.metrics_bind,
+                      registry=agent_registry(agent, publisher))
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:

@@ -180,7 +180,7 @@ def _stands_out(data: ReportData) -> list[tuple[str, str, float, float]]:
     nodes: dict[str, list[int]] = {}
     for i, row in enumerate(data.rows):
         nodes.setdefault(row.rpartition("/")[0], []).append(i)
-    found = []
+    found: list[tuple[str, str, float, float]] = []
     for m in HEAT:
         means = data.row_means(m)
         groups = [([data.rows[i] for i in idx], means[idx]) for idx in nodes.values()]

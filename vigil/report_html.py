@@ -129,8 +129,8 @@ img {{ max-width: 100%; }} .note {{ color: #555; font-size: 85%; }}
 {_table(["when", "kind", "severity", "node", "GPU", "summary"], dets) if dets else "<p>none</p>"}
 <h2>GPUs that stand out</h2>
 <p class="note">Mean over the whole report; robust z of a GPU against the other GPUs of
-its node, of a node against the job's nodes (|z| ≥ 3.5 shown). A slow GPU often reads <em>higher</em>: it is still computing
-while its peers wait for it.</p>
+its node, of a node against the job's nodes (|z| ≥ 3.5 shown). A slow GPU often reads
+<em>higher</em>: it is still computing while its peers wait for it.</p>
 {_table(["GPU or node", "metric", "mean", "robust z"], outliers) if outliers else "<p>none</p>"}
 <h2>Per-GPU activity</h2>
 <img alt="heatmaps" src="data:image/png;base64,{images[0]}">

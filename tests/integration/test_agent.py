@@ -48,14 +48,16 @@ def test_agent_publishes_exposes_metrics_and_flushes_on_sigterm(
         while time.monotonic() < deadline:
             try:
                 seen = _metrics(port)
-                if seen.get("vigil_agent_samples_published", 0) >= 3:
+                if seen.get("vigil_agent_samples_published_total", 0) >= 3:
                     break
             except OSError:
                 pass
             time.sleep(0.5)
-        assert seen.get("vigil_agent_samples_published", 0) >= 3, agent.stderr
-        assert seen["vigil_agent_samples_dropped"] == 0
-        assert seen["vigil_agent_values_read"] > seen["vigil_agent_values_published"] > 0
+        assert seen.get("vigil_agent_samples_published_total", 0) >= 3, agent.stderr
+        assert seen["vigil_agent_samples_dropped_total"] == 0
+        read, published = (seen["vigil_agent_values_read_total"],
+                           seen["vigil_agent_values_published_total"])
+        assert read > published > 0
     finally:
         agent.send_signal(signal.SIGTERM)
         _, err = agent.communicate(timeout=60)
