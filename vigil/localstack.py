@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from contracts.config import Config
 from contracts.errors import VigilError
+from vigil.progress import Progress
 
 KAFKA_VERSION = "3.9.1"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -120,6 +122,18 @@ def _require(tool: str, install_hint: str) -> str:
     return found
 
 
+def _tree_bytes(root: Path) -> int:
+    """Bytes under ``root`` (0 if absent): how far a download has come."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(folder, name))
+            except OSError:
+                pass  # a file Maven is renaming right now
+    return total
+
+
 def kafka_libs(config: Config) -> Path:
     """The broker's jars, fetched from Maven Central with ``mvn`` the first time."""
     libs = Path(config.local.kafka_cache_dir).expanduser() / f"kafka-{KAFKA_VERSION}" / "libs"
@@ -131,13 +145,21 @@ def kafka_libs(config: Config) -> Path:
     _say(f"fetching Apache Kafka {KAFKA_VERSION} from Maven Central (once, ~50 MB)...")
     tmp = libs.with_name("libs.partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    result = subprocess.run(
-        [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-         f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
-        capture_output=True, text=True)
-    if result.returncode != 0:
-        output = result.stdout[-2000:] + result.stderr[-2000:]
-        raise StackError(f"mvn could not fetch Kafka:\n{output}")
+    repo = Path("~/.m2/repository").expanduser()
+    before = _tree_bytes(repo)
+    progress = Progress("vigil: fetching Kafka")
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+             f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"],
+            stdout=log, stderr=subprocess.STDOUT, text=True)
+        while proc.poll() is None:
+            time.sleep(0.5)
+            progress.update(f"{(_tree_bytes(repo) - before) / 1e6:.0f} MB downloaded")
+        if proc.returncode != 0:
+            log.seek(0)
+            raise StackError(f"mvn could not fetch Kafka:\n{log.read()[-4000:]}")
+    progress.done(f"{(_tree_bytes(repo) - before) / 1e6:.0f} MB downloaded")
     tmp.rename(libs)
     return libs
 
