@@ -21,7 +21,7 @@ from typing import Any
 from alerting.state import LiveState
 from contracts.status import HEAT_METRICS
 
-LEVELS = " ▁▂▃▄▅▆▇█"
+LEVELS = "▁▂▃▄▅▆▇█"  # 0 … 1; the lowest stays visible (a hung job reads ~0)
 NO_READING = "·"
 WORKER_STALE_SECONDS = 30.0
 HEAT_LABELS = {"sm_active": "SM", "tensor_active": "TENSOR", "dram_active": "DRAM"}
