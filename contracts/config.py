@@ -193,8 +193,12 @@ class AgentConfig:
 
     node: str = ""  # empty: the host name
     sources: str = "nvml,infiniband,host"  # also: dcgm, fake-nvml
-    attribution: str = "static"  # static | slurm
+    attribution: str = "static"  # static | slurm | kubernetes
     job: str = ""  # the job for static attribution
+    kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"  # kubernetes
+    # kubernetes: pod name → job (namespace/<job>); the default drops "-worker-3" etc.
+    kubernetes_job_pattern: str = (
+        r"^(?P<job>.+?)(?:-(?:worker|master|launcher|chief|ps|evaluator))?-\d+$")
     base_interval: float = 1.0
     max_interval: float = 16.0
     adaptive: bool = True

@@ -5,7 +5,8 @@
   cgroup root (v2: ``…/job_<id>/``; v1: ``…/slurm/uid_<u>/job_<id>/``). One job →
   its id; several → the lowest id, with all of them in ``meta``. No job → ``""``.
 
-Kubernetes (the kubelet PodResources gRPC socket) is not implemented yet.
+- ``kubernetes``: the pods holding the node's GPUs, from the kubelet's PodResources
+  API (``producers/podresources.py``).
 """
 
 from __future__ import annotations

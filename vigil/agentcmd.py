@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import re
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -105,7 +106,10 @@ class AgentCollector:
             yield CounterMetricFamily(name, doc, value=value)
         errors = CounterMetricFamily("vigil_agent_errors", "source and publish errors",
                                      labels=["kind"])
-        merged = collections.Counter(agent.errors) + collections.Counter(getattr(pub, "errors", {}))
+        merged: collections.Counter[str] = collections.Counter()
+        for source in (agent.errors, getattr(pub, "errors", {}),
+                       getattr(agent.job_of, "errors", {})):
+            merged.update(source)
         for kind, count in sorted(merged.items()):
             errors.add_metric([kind], count)
         yield errors
@@ -133,13 +137,28 @@ def _serve_metrics(cfg: Config, agent: Agent, publisher: Any) -> None:
                       registry=agent_registry(agent, publisher))
 
 
+def build_attribution(cfg: Config, job: str | None = None) -> Callable[[], str]:
+    """The configured way of knowing the node's job: static, Slurm or Kubernetes."""
+    a = cfg.agent
+    if a.attribution == "slurm":
+        return SlurmJob(a.cgroup_root)
+    if a.attribution == "kubernetes":
+        from producers.podresources import KubeletJob, grpc_lister
+        try:
+            return KubeletJob(grpc_lister(a.kubelet_socket), a.kubernetes_job_pattern)
+        except re.error as exc:
+            raise ConfigError(f"agent.kubernetes_job_pattern: {exc}") from None
+    if a.attribution != "static":
+        raise ConfigError(f"agent.attribution {a.attribution!r}: static, slurm or kubernetes")
+    return StaticJob(job if job is not None else a.job)
+
+
 def run(cfg: Config, args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM/SIGINT (or ``--ticks``); flush the buffer on the way out."""
     a = cfg.agent
     names = [n.strip() for n in (args.sources or a.sources).split(",") if n.strip()]
     sources = build_sources(cfg, names, args.trace)
-    job_of = SlurmJob(a.cgroup_root) if a.attribution == "slurm" else StaticJob(
-        args.job if args.job is not None else a.job)
+    job_of = build_attribution(cfg, args.job)
     sampler = AdaptiveSampler(SamplingConfig(a.base_interval, a.max_interval)) \
         if a.adaptive else None
     if args.out:

@@ -36,7 +36,8 @@ def _promtool(*args: str, cwd: Path = PROM) -> str:
 
 def _exported() -> set[str]:
     """Series names the worker, agent and alerter expose."""
-    agent = SimpleNamespace(ticks=1, sampler=None, errors=Counter({"nvml": 1}))
+    agent = SimpleNamespace(ticks=1, sampler=None, errors=Counter({"nvml": 1}),
+                            job_of=SimpleNamespace(errors=Counter({"podresources": 1})))
     publisher = SimpleNamespace(published=1, dropped=0, buffered=0, errors={}, latencies=[0.1])
     alerter = SimpleNamespace(applied=1, duplicates=0, invalid=0, statuses=0,
                               outcomes={("slack", "delivered"): 1}, workers={},
