@@ -203,6 +203,8 @@ class AgentConfig:
     max_interval: float = 16.0
     adaptive: bool = True
     buffer_capacity: int = 100_000
+    spool_dir: str = ""  # overflow of the memory buffer to disk; empty = off
+    spool_max_mb: int = 512
     metrics_port: int = 9101  # 0 turns /metrics off
     metrics_bind: str = "127.0.0.1"
     dcgm_url: str = "http://127.0.0.1:9400/metrics"

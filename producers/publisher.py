@@ -9,6 +9,11 @@ broker answers, and whose own buffer is unbounded in 3.x): it keeps at most
 when Kafka acknowledged it (acks=all), and puts failed ones back at the head. So
 while the buffer has room nothing is lost across a broker outage, and when it has
 not, ``dropped`` says exactly how much was.
+
+With a ``DiskSpool``, the oldest samples overflow from memory to disk instead of
+being dropped; the sender drains the spool (older) before memory, and on close
+whatever Kafka did not take is spilled to disk, so the next start sends it. Drops
+then happen only when the spool is full too (its oldest segment, counted).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
 from contracts.codec import encode_sample
+from producers.spool import DiskSpool
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +70,9 @@ class BufferedPublisher:
 
     def __init__(self, bootstrap: str, topic: str, capacity: int = 100_000,
                  max_in_flight: int = 2000, producer_factory: ProducerFactory | None = None,
-                 **client: Any) -> None:
+                 spool: DiskSpool | None = None, **client: Any) -> None:
         self.topic = topic
+        self.spool = spool
         self.capacity = capacity
         self.max_in_flight = max_in_flight
         self._factory = producer_factory or (lambda: KafkaProducer(
@@ -76,7 +83,7 @@ class BufferedPublisher:
         self._in_flight = 0
         self._lock = threading.Condition()
         self.published = 0
-        self.dropped = 0
+        self._dropped = 0
         self.errors: Counter[str] = Counter()
         self.latencies: deque[float] = deque(maxlen=10_000)
         self._stop = threading.Event()
@@ -85,9 +92,21 @@ class BufferedPublisher:
 
     @property
     def buffered(self) -> int:
-        """Samples not yet acknowledged (waiting or in flight)."""
+        """Samples not yet acknowledged (in memory, in flight or spooled)."""
         with self._lock:
-            return len(self._buffer) + self._in_flight
+            return len(self._buffer) + self._in_flight + (len(self.spool) if self.spool else 0)
+
+    @property
+    def dropped(self) -> int:
+        """Samples lost: from a full memory buffer, or from a full spool."""
+        return self._dropped + (self.spool.dropped if self.spool else 0)
+
+    def _overflow(self, item: tuple[float, bytes, bytes]) -> None:
+        """No room in memory for ``item``: spool it, or count it dropped."""
+        if self.spool is not None:
+            self.spool.append(item[1], item[2])
+        else:
+            self._dropped += 1
 
     def publish(self, sample: dict[str, Any]) -> None:
         """Validate, encode and buffer; never blocks on Kafka."""
@@ -95,24 +114,34 @@ class BufferedPublisher:
         with self._lock:
             if len(self._buffer) + self._in_flight >= self.capacity:
                 if self._buffer:
-                    self._buffer.popleft()
-                    self.dropped += 1
+                    self._overflow(self._buffer.popleft())
                 else:  # everything is in flight: the new sample is the one that cannot fit
-                    self.dropped += 1
+                    self._overflow(item)
                     return
             self._buffer.append(item)
             self._lock.notify()
+
+    def _take(self) -> tuple[float, bytes, bytes]:
+        """The next sample to send: spooled ones first (they are the oldest)."""
+        if self.spool is not None:
+            record = self.spool.pop()
+            if record is not None:
+                return (time.monotonic(), *record)
+        return self._buffer.popleft()
+
+    def _waiting(self) -> bool:
+        return bool(self._buffer) or bool(self.spool is not None and len(self.spool))
 
     def _run(self) -> None:
         producer = None
         while True:
             with self._lock:
                 while not self._stop.is_set() and (
-                        not self._buffer or self._in_flight >= self.max_in_flight):
+                        not self._waiting() or self._in_flight >= self.max_in_flight):
                     self._lock.wait(0.2)
                 if self._stop.is_set():
                     break
-                item = self._buffer.popleft()
+                item = self._take()
                 self._in_flight += 1
             if producer is None:
                 try:
@@ -147,7 +176,7 @@ class BufferedPublisher:
         with self._lock:
             self._in_flight -= 1
             if len(self._buffer) + self._in_flight >= self.capacity:
-                self.dropped += 1  # no room to retry it: counted, like any other drop
+                self._overflow(item)  # no room to retry it in memory
             else:
                 self._buffer.appendleft(item)
             self._lock.notify_all()
@@ -156,7 +185,7 @@ class BufferedPublisher:
         """Wait until everything buffered is acknowledged; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._buffer or self._in_flight:
+            while self._waiting() or self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -164,10 +193,17 @@ class BufferedPublisher:
         return True
 
     def close(self, timeout: float = 30.0) -> bool:
-        """Flush (bounded by ``timeout``), then stop the sender; True if nothing was left."""
+        """Flush (bounded by ``timeout``), then stop the sender; True if nothing was left.
+        With a spool, what is left in memory is written to it for the next start."""
         flushed = self.flush(timeout)
         self._stop.set()
         with self._lock:
             self._lock.notify_all()
         self._thread.join(10)
+        if self.spool is not None:
+            with self._lock:
+                while self._buffer:
+                    item = self._buffer.popleft()
+                    self.spool.append(item[1], item[2])
+                self.spool.sync()
         return flushed

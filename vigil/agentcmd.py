@@ -113,8 +113,12 @@ class AgentCollector:
         for kind, count in sorted(merged.items()):
             errors.add_metric([kind], count)
         yield errors
-        yield GaugeMetricFamily("vigil_agent_samples_buffered", "samples waiting for Kafka",
+        yield GaugeMetricFamily("vigil_agent_samples_buffered",
+                                "samples waiting for Kafka (memory, in flight, spool)",
                                 value=getattr(pub, "buffered", 0))
+        spool = getattr(pub, "spool", None)
+        yield GaugeMetricFamily("vigil_agent_spool_bytes", "bytes in the disk spool",
+                                value=spool.size_bytes if spool is not None else 0)
         for q in (0.5, 0.99):
             yield GaugeMetricFamily(
                 f"vigil_agent_publish_latency_p{int(q * 100)}_seconds",
@@ -165,9 +169,11 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         sink: Any = JsonLinesSink(args.out)
     else:
         from producers.publisher import BufferedPublisher
+        from producers.spool import DiskSpool
+        spool = DiskSpool(a.spool_dir, max_bytes=a.spool_max_mb << 20) if a.spool_dir else None
         sink = BufferedPublisher(cfg.kafka_bootstrap,
                                  topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
-                                 capacity=a.buffer_capacity)
+                                 capacity=a.buffer_capacity, spool=spool)
     agent = Agent(a.node or socket.gethostname(), sources, sink, sampler, job_of)
     if a.metrics_port:
         _serve_metrics(cfg, agent, sink)

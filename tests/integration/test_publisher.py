@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer
@@ -12,6 +14,7 @@ from contracts import SAMPLE_SCHEMA, topics
 from contracts.codec import decode_sample
 from contracts.config import Config
 from producers.publisher import BufferedPublisher
+from producers.spool import DiskSpool
 from vigil import localstack
 from vigil.kafka_admin import ensure_topics
 
@@ -91,3 +94,31 @@ def test_a_full_buffer_drops_the_oldest_and_counts_exactly(
     assert pub.dropped > 0
     assert len(seen) == 210 - pub.dropped  # every sample is either on Kafka or counted
     assert 1_000_000.0 + 209 in seen  # the newest survive; the oldest were dropped
+
+
+def test_spool_takes_the_overflow_and_survives_a_restart_while_kafka_is_down(
+        isolated_cfg: Config, tmp_path: Path) -> None:
+    """Kafka unreachable: memory overflows to the disk spool, close() spills the rest;
+    a new publisher on the same spool (the restarted agent) sends every sample."""
+    topic = topics.topic(topics.SAMPLES, isolated_cfg.kafka.topic_prefix)
+    ensure_topics(isolated_cfg)
+    with socket.socket() as s:  # a port with nobody behind it: Kafka "down"
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    down = BufferedPublisher(dead, topic, capacity=20, max_in_flight=5,
+                             spool=DiskSpool(tmp_path / "spool", segment_bytes=4096))
+    slowest = 0.0
+    for i in range(300):
+        t0 = time.monotonic()
+        down.publish(_sample(i))
+        slowest = max(slowest, time.monotonic() - t0)
+    assert not down.close(timeout=2)  # nothing could be sent
+    assert down.dropped == 0 and down.published == 0
+    assert slowest < 0.05, "publish() blocked while spooling"
+    spool = DiskSpool(tmp_path / "spool")
+    assert len(spool) == 300  # failed sends went back to memory, then to disk
+    up = BufferedPublisher(isolated_cfg.kafka_bootstrap, topic, capacity=20, spool=spool)
+    assert up.close(timeout=60), f"not drained: buffered={up.buffered} errors={up.errors}"
+    seen = _count(isolated_cfg, 300)
+    assert up.dropped == 0 and up.published == 300
+    assert sorted(set(seen)) == [1_000_000.0 + i for i in range(300)]
