@@ -1,0 +1,102 @@
+"""Where a worker's time goes: our per-sample code alone, and Faust's floor.
+
+    .venv/bin/python bench/bench_worker_parts.py compute      # no Kafka
+    .venv/bin/vigil up && .venv/bin/python bench/bench_worker_parts.py faust-floor
+
+``compute`` runs decode + validation + windowing + detectors over the same
+20,480 node-samples `bench_worker.py` uses, in batches of 500, in one process.
+``faust-floor`` runs a Faust app configured like the worker (same broker settings,
+``take_events(500, 0.5)``, concurrency 1) whose handler does nothing but count:
+the most a Faust agent can consume on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_worker import START, _cluster  # noqa: E402
+
+from contracts import topics  # noqa: E402
+from contracts.codec import encode_sample  # noqa: E402
+from contracts.config import load  # noqa: E402
+from producers.simulator import Simulator  # noqa: E402
+
+NODES, SECONDS, BATCH = 256, 80, 500
+
+
+def compute() -> None:
+    """Decode, validate, window and detect without Kafka."""
+    from detectors.engine import JobEngine
+    from streams.decode import decode_sample_fast
+
+    cfg = load()
+    raw = [encode_sample(s) for s in Simulator(_cluster(NODES), START, seed=1).samples(SECONDS)]
+    engines: dict[str, JobEngine] = {}
+    t0 = time.perf_counter()
+    for i in range(0, len(raw), BATCH):
+        by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in raw[i:i + BATCH]:
+            sample = decode_sample_fast(r)
+            by_job[sample["job"]].append(sample)
+        for job, samples in by_job.items():
+            engine = engines.get(job) or engines.setdefault(job, JobEngine(job, cfg.detect))
+            for sample in sorted(samples, key=lambda s: s["ts"]):
+                engine.ingest(sample)
+            engine.advance()
+    spent = time.perf_counter() - t0
+    print(f"compute only: {len(raw) / spent:,.0f} node-messages/s "
+          f"({spent / len(raw) * 1e6:.0f} µs each)")
+
+
+def faust_floor() -> None:
+    """A no-op Faust agent over a pre-loaded samples topic."""
+    import faust
+
+    from producers.publisher import KafkaPublisher
+    from vigil.kafka_admin import ensure_topics
+
+    tag = uuid.uuid4().hex[:6]
+    cfg = load(env={"VIGIL_KAFKA_TOPIC_PREFIX": f"floor{tag}."})
+    ensure_topics(cfg)
+    name = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
+    pub = KafkaPublisher(cfg.kafka_bootstrap, name)
+    for sample in Simulator(_cluster(NODES), START, seed=1).samples(SECONDS):
+        pub.publish(sample)
+    pub.close()
+    total = pub.sent
+    app = faust.App(f"floor-{tag}", broker=f"kafka://{cfg.kafka_bootstrap}", store="memory://",
+                    datadir=f".vigil/bench-floor-{tag}", consumer_auto_offset_reset="earliest",
+                    web_enabled=False, producer_acks=-1,
+                    topic_partitions=cfg.kafka.samples_partitions)
+    samples = app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                        value_serializer="raw")
+    seen = {"n": 0, "first": 0.0, "last": 0.0}
+
+    @app.agent(samples, concurrency=1)
+    async def count(stream: Any) -> None:
+        async for events in stream.take_events(BATCH, within=0.5):
+            now = time.monotonic()
+            seen["first"] = seen["first"] or now
+            seen["n"] += len(events)
+            seen["last"] = now
+            if seen["n"] >= total:
+                rate = (seen["n"] - BATCH) / max(1e-9, seen["last"] - seen["first"])
+                print(f"faust floor (no-op handler): {rate:,.0f} node-messages/s")
+                await app.stop()
+
+    worker = faust.Worker(app, loglevel="warning", quiet=True)
+    worker.execute_from_commandline()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("what", choices=["compute", "faust-floor"])
+    (compute if parser.parse_args().what == "compute" else faust_floor)()
