@@ -22,12 +22,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_worker import START, _cluster  # noqa: E402
+from bench_worker import START, _cluster
 
-from contracts import topics  # noqa: E402
-from contracts.codec import encode_sample  # noqa: E402
-from contracts.config import load  # noqa: E402
-from producers.simulator import Simulator  # noqa: E402
+from contracts import topics
+from contracts.codec import encode_sample
+from contracts.config import load
+from producers.simulator import Simulator
 
 NODES, SECONDS, BATCH = 256, 80, 500
 
