@@ -29,6 +29,7 @@ _SAMPLE_FIELDS = {"schema", "ts", "job", "node", "gpus", "host", "nics", "meta"}
 _DETECTION_FIELDS = {"schema", "id", "kind", "state", "severity", "job", "node", "gpu",
                      "started_at", "detected_at", "metrics", "score", "summary", "evidence"}
 _RATIO_SLACK = 1e-6  # float rounding in averaged ratios
+_MAX_FLOAT_INT = 2 ** 1023  # larger integers do not fit a float (JSON allows them)
 _NUMERIC = {float, int}  # exact types: bool (a subclass of int) is refused
 
 
@@ -53,6 +54,8 @@ def parse_json(raw: bytes | str) -> Any:
 def _number(value: Any, path: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ContractError("wrong_type", f"{path} must be a number, got {type(value).__name__}")
+    if isinstance(value, int) and not -_MAX_FLOAT_INT <= value <= _MAX_FLOAT_INT:
+        raise ContractError("out_of_range", f"{path} is an integer of {value.bit_length()} bits")
     if not math.isfinite(value):
         raise ContractError("non_finite", f"{path} is {value}")
     return float(value)

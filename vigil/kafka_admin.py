@@ -28,7 +28,9 @@ def ensure_topics(cfg: Config) -> None:
         existing = set(admin.list_topics())
         configs = {topics.SAMPLES: {
             "retention.ms": str(int(cfg.kafka.samples_retention_hours * 3600e3))},
-            topics.STATUS: {"cleanup.policy": "compact,delete", "retention.ms": "3600000"}}
+            topics.STATUS: {"cleanup.policy": "compact,delete", "retention.ms": "3600000"},
+            # a dead letter carries the refused message (up to 1 MiB, base64) and its reason
+            topics.DEADLETTER: {"max.message.bytes": str(4 << 20)}}
         new = [NewTopic(topics.topic(name, cfg.kafka.topic_prefix), parts, 1,
                         topic_configs=configs.get(name, {}))
                for name, parts in wanted.items()
