@@ -6,7 +6,6 @@ import base64
 import json
 import time
 
-
 # The original is kept whole up to this size; beyond it, the first bytes and the size
 # (a dead letter must always fit the dead-letter topic, whatever came in).
 MAX_ORIGINAL_BYTES = 1 << 20
