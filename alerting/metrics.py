@@ -28,7 +28,9 @@ class AlerterCollector(Collector):
                 ("vigil_alerter_messages_invalid", "detections or statuses that failed "
                  "validation", a.invalid),
                 ("vigil_alerter_statuses", "pipeline statuses kept for the live view",
-                 a.statuses)):
+                 a.statuses),
+                ("vigil_alerter_redis_errors", "Redis calls that failed (outage mode)",
+                 a.redis_errors)):
             yield CounterMetricFamily(name, doc, value=value)
         deliveries = CounterMetricFamily("vigil_alerter_deliveries",
                                          "channel delivery outcomes", labels=["channel", "result"])
@@ -42,6 +44,9 @@ class AlerterCollector(Collector):
         yield pending
         yield GaugeMetricFamily("vigil_alerter_open_incidents", "incidents firing now",
                                 value=len(a.router.open))
+        yield GaugeMetricFamily("vigil_alerter_redis_backlog",
+                                "detections delivered but not yet written to Redis",
+                                value=len(a.backlog))
 
 
 def alerter_registry(alerter: Alerter) -> CollectorRegistry:

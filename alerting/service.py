@@ -4,6 +4,15 @@ Offsets are committed only once a batch is in Redis, so a crash replays it, and 
 idempotent writes of ``LiveState`` make the replay harmless: a duplicate or stale
 detection changes nothing and notifies nobody. Channels deliver from their own
 threads; a dead channel never holds up the others or the Redis state.
+
+When Redis is unreachable, people are still told: detections are de-duplicated
+against the newest state this process knows of each incident, routed (silences and
+acks as last read) and delivered, and held in a bounded backlog with the delivery
+log writes; nothing is committed meanwhile. When Redis answers again the backlog
+is written (idempotently), remediation considers what it missed, and the offsets
+are committed. A full backlog pauses consumption (Kafka keeps the rest) rather than
+dropping anything. Remediation acts only while Redis is up: its safety rails live
+there.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import json
 import logging
 import signal
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -41,6 +51,8 @@ from contracts.errors import ConfigError, ContractError
 from contracts.status import decode_status
 
 log = logging.getLogger(__name__)
+REDIS_BACKLOG_MAX = 50_000  # detections held while Redis is down; then consumption pauses
+KNOWN_INCIDENTS_MAX = 100_000  # newest state per incident id, for dedupe without Redis
 STATUS_KEEP_SECONDS = 3600.0  # a job or worker silent this long leaves the live view
 STATUS_PRUNE_EVERY = 60.0
 
@@ -136,6 +148,12 @@ class Alerter:
         self.outcomes: dict[tuple[str, str], int] = {}  # (channel, result) → count
         self.status_topic = topics.topic(topics.STATUS, cfg.kafka.topic_prefix)
         self._pruned_at = 0.0
+        self.backlog: deque[dict[str, Any]] = deque()  # delivered, not yet in Redis
+        self.redis_errors = 0
+        self._known: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        self._pending_writes: deque[Callable[[], None]] = deque(maxlen=REDIS_BACKLOG_MAX)
+        self._to_consider: deque[dict[str, Any]] = deque()  # remediation missed them
+        self._uncommitted = False
         self._stop = False
         self._restore()
 
@@ -149,9 +167,16 @@ class Alerter:
     def _outcome(self, channel: str, det: dict[str, Any], result: str, attempts: int,
                  why: str) -> None:
         self.outcomes[channel, result] = self.outcomes.get((channel, result), 0) + 1
-        self.state.log_delivery(channel, det, result, attempts, why)
-        if result == "delivered" and det["state"] == "firing":
-            self.state.mark_told(det["job"], det["id"], channel)
+
+        def write() -> None:
+            self.state.log_delivery(channel, det, result, attempts, why)
+            if result == "delivered" and det["state"] == "firing":
+                self.state.mark_told(det["job"], det["id"], channel)
+
+        try:
+            write()
+        except redis.RedisError:
+            self._pending_writes.append(write)  # written when Redis is back
 
     def _escalate(self, det: dict[str, Any]) -> None:
         """Tell people at once, on every pager channel, whatever its route says."""
@@ -168,6 +193,12 @@ class Alerter:
 
     def poll_once(self, timeout_ms: int = 1000) -> int:
         """Handle one poll's records and the router's timers; returns the record count."""
+        if self.backlog or self._pending_writes or self._to_consider:
+            self._flush_backlog()
+        if len(self.backlog) >= REDIS_BACKLOG_MAX:  # Redis still down: let Kafka hold it
+            time.sleep(timeout_ms / 1000)
+            self._tick()
+            return 0
         batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=500)
         count = 0
         for records in batches.values():
@@ -183,19 +214,91 @@ class Alerter:
                     log.warning("invalid detection at %s[%d]@%d: %s", record.topic,
                                 record.partition, record.offset, exc)
                     continue
-                if self.state.apply(det):
-                    self.applied += 1
-                    self._dispatch(self.router.handle(det))
-                    if self.remediator is not None:
-                        self.remediator.consider(det)
-                else:
-                    self.duplicates += 1
-        if count:
-            self.consumer.commit()
-        self._dispatch(self.router.tick())
-        if self.remediator is not None:
-            self.remediator.tick()
+                self._apply(det)
+        self._uncommitted = self._uncommitted or count > 0
+        if self._uncommitted and not self.backlog:
+            self.consumer.commit()  # also the batches held back while Redis was down
+            self._uncommitted = False
+        self._tick()
         return count
+
+    def _tick(self) -> None:
+        self._dispatch(self.router.tick())
+        if self.remediator is not None and not self.backlog:
+            try:
+                self.remediator.tick()
+            except redis.RedisError as exc:
+                self._redis_lost(exc)
+
+    def _apply(self, det: dict[str, Any]) -> None:
+        """Redis first; without Redis, de-duplicate in memory and deliver anyway."""
+        if not self.backlog:
+            try:
+                fresh = self.state.apply(det)
+            except redis.RedisError as exc:
+                self._redis_lost(exc)
+            else:
+                self._remember(det)
+                if not fresh:
+                    self.duplicates += 1
+                    return
+                self.applied += 1
+                self._dispatch(self.router.handle(det))
+                self._consider(det)
+                return
+        if not self._remember(det):
+            self.duplicates += 1
+            return
+        self.applied += 1
+        self._dispatch(self.router.handle(det))
+        self.backlog.append(det)
+
+    def _remember(self, det: dict[str, Any]) -> bool:
+        """Record the newest state seen of an incident; False if ``det`` is not newer
+        (the same order ``LiveState.apply`` uses: later time, then resolved)."""
+        rank = (det["detected_at"], 1 if det["state"] == "resolved" else 0)
+        known = self._known.get(det["id"])
+        if known is not None and rank <= known:
+            return False
+        self._known[det["id"]] = rank
+        self._known.move_to_end(det["id"])
+        while len(self._known) > KNOWN_INCIDENTS_MAX:
+            self._known.popitem(last=False)
+        return True
+
+    def _redis_lost(self, exc: Exception) -> None:
+        self.redis_errors += 1
+        if self.redis_errors == 1 or self.redis_errors % 100 == 0:
+            log.warning("Redis unreachable (%s): delivering from memory, %d detections "
+                        "held for Redis", type(exc).__name__, len(self.backlog))
+
+    def _flush_backlog(self) -> None:
+        """Write what Redis missed, oldest first; stop at the first failure."""
+        try:
+            while self._pending_writes:
+                self._pending_writes[0]()
+                self._pending_writes.popleft()
+            while self.backlog:
+                if self.state.apply(self.backlog[0]):
+                    self._to_consider.append(self.backlog[0])
+                self.backlog.popleft()
+        except redis.RedisError:
+            return
+        log.info("Redis is back: backlog written")
+        while self._to_consider and self._consider(self._to_consider.popleft()):
+            pass
+
+    def _consider(self, det: dict[str, Any]) -> bool:
+        """Hand a new detection to remediation; kept for later if Redis fails."""
+        if self.remediator is None:
+            return True
+        try:
+            self.remediator.consider(det)
+            return True
+        except redis.RedisError as exc:
+            self._redis_lost(exc)
+            self._to_consider.appendleft(det)
+            return False
 
     def _pipeline_status(self, record: Any) -> None:
         """Keep a worker's status for the live view; a bad one is logged and skipped
@@ -203,14 +306,16 @@ class Alerter:
         try:
             self.state.put_pipeline_status(decode_status(record.value))
             self.statuses += 1
+            now = time.time()
+            if now - self._pruned_at > STATUS_PRUNE_EVERY:
+                self._pruned_at = now
+                self.state.prune_pipeline_status(now - STATUS_KEEP_SECONDS)
         except ContractError as exc:
             self.invalid += 1
             log.warning("invalid status at %s[%d]@%d: %s", record.topic, record.partition,
                         record.offset, exc)
-        now = time.time()
-        if now - self._pruned_at > STATUS_PRUNE_EVERY:
-            self._pruned_at = now
-            self.state.prune_pipeline_status(now - STATUS_KEEP_SECONDS)
+        except redis.RedisError:
+            pass  # best-effort: the next status supersedes this one
 
     def run(self, max_seconds: float | None = None) -> None:
         """Loop until ``stop()`` or ``max_seconds``."""

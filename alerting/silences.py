@@ -26,6 +26,8 @@ class SilenceStore:
         self.r = client
         self.silences_key = f"{prefix}:silences"
         self.acks_key = f"{prefix}:acks"
+        self._last: dict[str, dict[str, Any]] = {}  # silences last read from Redis
+        self._acked: set[str] = set()  # acks seen, for when Redis is unreachable
 
     def add(self, matchers: dict[str, str], seconds: float, by: str, comment: str = "",
             now: float | None = None) -> str:
@@ -44,16 +46,24 @@ class SilenceStore:
         return bool(self.r.hdel(self.silences_key, ident))
 
     def active(self, now: float | None = None) -> dict[str, dict[str, Any]]:
-        """Silences in force; expired ones are removed on the way."""
+        """Silences in force; expired ones are removed on the way. While Redis is
+        unreachable, the silences last read (still within their end time) apply."""
         now = time.time() if now is None else now
-        raw: dict[bytes, bytes] = self.r.hgetall(self.silences_key)  # type: ignore[assignment]
+        try:
+            raw: dict[bytes, bytes] = self.r.hgetall(self.silences_key)  # type: ignore[assignment]
+        except redis.RedisError:
+            return {k: v for k, v in self._last.items() if v["starts_at"] <= now < v["ends_at"]}
         found = {}
+        every = {}
         for key, value in raw.items():
             silence = json.loads(value)
             if silence["ends_at"] <= now:
                 self.r.hdel(self.silences_key, key)
-            elif silence["starts_at"] <= now:
+                continue
+            every[key.decode()] = silence
+            if silence["starts_at"] <= now:
                 found[key.decode()] = silence
+        self._last = every
         return found
 
     def silenced_by(self, labels: dict[str, str], now: float | None = None) -> str | None:
@@ -70,4 +80,11 @@ class SilenceStore:
             {"by": by, "at": time.time() if now is None else now}))
 
     def acked(self, incident: str) -> bool:
-        return bool(self.r.hexists(self.acks_key, incident))
+        """True once acknowledged; while Redis is unreachable, what was last known."""
+        try:
+            known = bool(self.r.hexists(self.acks_key, incident))
+        except redis.RedisError:
+            return incident in self._acked
+        if known:
+            self._acked.add(incident)
+        return known
