@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 TEST_ENV := VIGIL_LOCAL_DATA_DIR=.vigil/test-stack VIGIL_LOCAL_KAFKA_PORT=29092 \
             VIGIL_LOCAL_CONTROLLER_PORT=29093 VIGIL_LOCAL_REDIS_PORT=26379
 
-.PHONY: install test lint unit demo up down clean
+.PHONY: install test lint unit soak demo up down clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,11 +28,18 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(MAKE) lint
 	$(TEST_ENV) $(BIN)/vigil up
-	set -o pipefail; rc=0; $(TEST_ENV) $(BIN)/pytest -q $(PYTEST_ARGS) || rc=$$?; \
-	  $(TEST_ENV) $(BIN)/vigil down; exit $$rc
+	set -o pipefail; rc=0; $(TEST_ENV) $(BIN)/pytest -q -m 'not soak' $(PYTEST_ARGS) \
+	  || rc=$$?; $(TEST_ENV) $(BIN)/vigil down; exit $$rc
 
 unit: $(STAMP)
-	$(BIN)/pytest -q -m 'not integration' $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m 'not integration and not soak' $(PYTEST_ARGS)
+
+# Long reliability runs (a channel down 10 min, twice the worker's throughput for
+# 10 min, then draining): about 35 minutes. SOAK_SECONDS / SOAK_RATE scale them.
+soak: $(STAMP)
+	$(TEST_ENV) $(BIN)/vigil up
+	set -o pipefail; rc=0; $(TEST_ENV) $(BIN)/pytest -q -s -m soak tests/reliability \
+	  $(PYTEST_ARGS) || rc=$$?; $(TEST_ENV) $(BIN)/vigil down; exit $$rc
 
 demo: $(STAMP)
 	$(BIN)/python -m vigil.demo

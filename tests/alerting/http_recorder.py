@@ -32,6 +32,7 @@ class Recorder:
     requests: list[Recorded] = field(default_factory=list)
     retry_after: str = "1"
     hang_seconds: float = 3.0
+    port: int = 0  # 0: any free port
 
     def __enter__(self) -> Recorder:
         recorder = self
@@ -55,7 +56,7 @@ class Recorder:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self

@@ -1,0 +1,209 @@
+"""Long runs for `make soak` (not part of `make test`): a channel hard-down for ten
+minutes, and sustained load at twice the benchmarked worker throughput for ten
+minutes. ``SOAK_SECONDS`` (default 600) and ``SOAK_RATE`` (node-samples/s, default
+4000 = 2 × the ~2,000/s one worker sustains, bench/RESULTS.md) scale them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from kafka import KafkaConsumer, KafkaProducer
+
+from alerting.service import Alerter, build_channels
+from alerting.state import LiveState
+from contracts import topics
+from contracts.codec import encode_detection, encode_sample
+from contracts.config import Config, load
+from producers.simulator import Cluster, JobSpec, Simulator
+from tests.alerting.http_recorder import Recorder
+from tests.alerting.test_delivery import det
+from tests.integration.kafka_helpers import start_worker
+from vigil.kafka_admin import ensure_topics
+
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
+SOAK = float(os.environ.get("SOAK_SECONDS", "600"))
+RATE = float(os.environ.get("SOAK_RATE", "4000"))
+START = 1_900_000_000.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_channel_hard_down_for_ten_minutes(isolated_env: dict[str, str]) -> None:
+    dead_port = _free_port()  # nothing listens here until the channel "comes back"
+    with Recorder() as slack:
+        cfg = load(env=dict(isolated_env, VIGIL_ALERTER_SLACK_WEBHOOK=slack.url,
+                            VIGIL_ALERTER_SLACK_RATE_PER_SECOND="20",
+                            VIGIL_ALERTER_PAGE_AFTER_SECONDS="0",
+                            VIGIL_ALERTER_WEBHOOK_URL=f"http://127.0.0.1:{dead_port}/hook",
+                            VIGIL_ALERTER_WEBHOOK_SECRET="k"))
+        ensure_topics(cfg)
+        consumer = KafkaConsumer(topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
+                                 bootstrap_servers=cfg.kafka_bootstrap,
+                                 group_id=cfg.alerter.group_id, enable_auto_commit=False,
+                                 auto_offset_reset="earliest")
+        state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+        alerter = Alerter(cfg, consumer, state, build_channels(cfg))
+        loop = threading.Thread(target=alerter.run, daemon=True)
+        loop.start()
+        producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
+        sent: dict[str, float] = {}  # incident → when published (monotonic)
+        back: Recorder | None = None
+        try:
+            t0 = time.monotonic()
+            i = 0
+            while time.monotonic() - t0 < SOAK + 60:
+                if back is None and time.monotonic() - t0 >= SOAK:
+                    back = Recorder(port=dead_port).__enter__()  # the channel returns
+                now = time.time()
+                d = dict(det(ident=f"soak-{i}", job=f"job-{i % 7}"), started_at=now - 30,
+                         detected_at=now, node=f"n{i}")  # distinct conditions: no flapping
+                producer.send(topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
+                              key=d["job"].encode(), value=encode_detection(d))
+                sent[d["id"]] = time.monotonic()
+                i += 1
+                time.sleep(5)
+            producer.flush()
+            assert loop.is_alive(), "the alerter loop died"
+            slack.wait_for(len(sent), timeout=60)
+            deadline = time.monotonic() + 600  # queued webhook messages go out at 1/s
+            while time.monotonic() < deadline and any(w.pending() for w in
+                                                      alerter.workers.values()):
+                time.sleep(1)
+            while time.monotonic() < deadline and len(_finals(state, "webhook")) < len(sent):
+                time.sleep(1)  # the message in flight gets its outcome
+        finally:
+            alerter.stop()
+            loop.join(30)
+            alerter.close()
+            consumer.close()
+            producer.close()
+            if back is not None:
+                back.__exit__()
+    # The rest of the pipeline was unaffected: every incident reached Slack, promptly.
+    told = {re.search(r"incident `([^`]+)`", r.json()["text"]).group(1): r.at  # type: ignore[union-attr]
+            for r in slack.requests}
+    assert set(told) == set(sent), sorted(set(sent) - set(told))[:5]
+    slow = {i: told[i] - sent[i] for i in sent if told[i] - sent[i] > 10}
+    assert not slow, f"Slack waited on the dead channel: {list(slow.items())[:5]}"
+    # The dead channel: each incident retried, then dead-lettered while it was down
+    # (or queued and delivered once it came back); none is left without an outcome.
+    final = _finals(state, "webhook")
+    assert set(final) == set(sent), sorted(set(sent) - set(final))[:5]
+    dead = [e for e in final.values() if e["result"] == "dead_letter"]
+    assert dead and all(int(e["attempts"]) >= 2 for e in dead), dead[:3]
+    undelivered = {json.loads(f[b"detection"])["id"] for _, f in state.r.xrange(
+        f"{state.prefix}:undelivered")}
+    assert {e["incident"] for e in dead} <= undelivered
+    after = [i for i, at in sent.items() if at - min(sent.values()) > SOAK + 5]
+    assert after and all(final[i]["result"] == "delivered" for i in after)
+    assert back is not None and {r.json()["id"] for r in back.requests} >= set(after)
+    assert len(state.open_incidents()) == len(sent)
+
+
+def _finals(state: LiveState, channel: str) -> dict[str, dict[str, str]]:
+    """Incident → its final delivery outcome (delivered or dead_letter) on a channel."""
+    log = state.deliveries(count=100_000)
+    return {e["incident"]: e for e in reversed(log)  # newest entry per incident wins
+            if e["channel"] == channel and e["result"] != "retry"}
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return sum(float(line.split()[-1]) for line in resp.read().decode().splitlines()
+                   if line.split("{", 1)[0].split(" ", 1)[0] in (name, name + "_total"))
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_twice_the_worker_throughput_for_ten_minutes(isolated_env: dict[str, str],
+                                                     isolated_cfg: Config,
+                                                     tmp_path: Path) -> None:
+    port = _free_port()
+    env = dict(isolated_env, VIGIL_WORKER_WEB_PORT=str(port))
+    ensure_topics(isolated_cfg)
+    nodes = 800  # 100 jobs of 8 nodes; event time runs RATE / nodes times faster than wall
+    jobs = [JobSpec(f"load-{j:03d}", [f"l{j:03d}-{i}" for i in range(8)])
+            for j in range(nodes // 8)]
+    loop_seconds = 60
+    base = [encode_sample(s) for s in Simulator(Cluster(jobs, []), START, seed=2)
+            .samples(loop_seconds)]
+    ts_field = re.compile(rb'"ts":([0-9.]+)')
+    producer = KafkaProducer(bootstrap_servers=isolated_cfg.kafka_bootstrap, acks=1,
+                             compression_type="gzip", linger_ms=20, batch_size=256 * 1024)
+    name = topics.topic(topics.SAMPLES, isolated_cfg.kafka.topic_prefix)
+    worker = start_worker(env, str(tmp_path / "worker.log"))
+    rss: list[tuple[float, float]] = []
+    lag: list[tuple[float, float]] = []
+    published = 0
+    try:
+        time.sleep(10)
+        t0 = time.monotonic()
+        loop = 0
+        while time.monotonic() - t0 < SOAK:
+            shift = loop * loop_seconds
+            for raw in base:  # the same minute again, later in event time
+                ts = float(ts_field.search(raw).group(1))  # type: ignore[union-attr]
+                value = ts_field.sub(b'"ts":%.3f' % (ts + shift), raw, count=1)
+                producer.send(name, key=raw[raw.index(b'"job":"') + 7:].split(b'"', 1)[0],
+                              value=value)
+                published += 1
+                ahead = published / RATE - (time.monotonic() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+                if published % 20_000 == 0:
+                    rss.append((time.monotonic() - t0, _rss_mb(worker.pid)))
+                    lag.append((time.monotonic() - t0,
+                                _metric(port, "vigil_worker_lag_messages")))
+                if time.monotonic() - t0 >= SOAK:
+                    break
+            loop += 1
+        producer.flush()
+        offered = published / (time.monotonic() - t0)
+        # The load drops to nothing: the backlog must drain.
+        deadline = time.monotonic() + 4 * SOAK
+        while time.monotonic() < deadline:
+            assert worker.poll() is None, "the worker crashed under load"
+            done = _metric(port, "vigil_worker_samples")
+            rss.append((time.monotonic() - t0, _rss_mb(worker.pid)))
+            if done >= published:
+                break
+            time.sleep(10)
+        drained_after = time.monotonic() - t0 - SOAK
+        done = _metric(port, "vigil_worker_samples")
+        errors = _metric(port, "vigil_worker_batch_errors")
+        dead = _metric(port, "vigil_worker_deadletters")
+    finally:
+        producer.close()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    peak = max(r for _, r in rss)
+    report = (f"offered {offered:,.0f}/s for {SOAK:.0f}s ({published:,} samples); processed "
+              f"{done:,.0f}; drained {drained_after:.0f}s after the load stopped; worker RSS "
+              f"peak {peak:.0f} MB; max lag {max((v for _, v in lag), default=0):,.0f}")
+    print(report)
+    (tmp_path / "soak.txt").write_text(report)
+    assert done == published and errors == 0 and dead == 0, report
+    assert offered >= 0.8 * RATE, report  # the load really was twice the worker's rate
+    assert peak < 2048, report  # bounded: the backlog waits in Kafka, not in the worker
+    late_rss = [r for t, r in rss if t > SOAK / 2]
+    early_rss = [r for t, r in rss if SOAK / 4 < t <= SOAK / 2]
+    assert early_rss and max(late_rss) < max(early_rss) + 256, report  # no steady growth
