@@ -78,7 +78,8 @@ def build_channels(cfg: Config, producer: Any = None) -> dict[str, tuple[Channel
             found["webhook"] = (WebhookChannel(a.webhook_url, a.webhook_secret),
                                 Route.parse(a.webhook_route), 10.0)
         if a.kafka_alerts:
-            producer = producer or KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
+            producer = producer or KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
+                                                 **cfg.kafka_client)
             found["kafka"] = (KafkaAlertsChannel(producer, topics.topic(
                 topics.ALERTS, cfg.kafka.topic_prefix)), Route.parse(a.kafka_alerts_route), 100.0)
     except ValueError as exc:
@@ -105,7 +106,8 @@ def build_remediator(cfg: Config, state: LiveState,
     """The remediator when enabled; its audit also goes to the ``vigil.actions`` topic."""
     if not cfg.alerter.remediation_enabled:
         return None
-    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
+    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
+                             **cfg.kafka_client)
     topic = topics.topic(topics.ACTIONS, cfg.kafka.topic_prefix)
 
     def publish(record: dict[str, Any]) -> None:
@@ -341,7 +343,7 @@ def run_alerter(cfg: Config, max_seconds: float | None = None) -> int:
         topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
         topics.topic(topics.STATUS, cfg.kafka.topic_prefix),
         bootstrap_servers=cfg.kafka_bootstrap, group_id=cfg.alerter.group_id,
-        enable_auto_commit=False, auto_offset_reset="earliest")
+        enable_auto_commit=False, auto_offset_reset="earliest", **cfg.kafka_client)
     alerter = Alerter(cfg, consumer, state, channels)
     if cfg.alerter.metrics_port:
         serve_metrics(alerter, cfg.alerter.metrics_port, cfg.alerter.metrics_bind)

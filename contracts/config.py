@@ -64,9 +64,11 @@ def mask_url(url: str) -> str:
 class KafkaConfig:
     """How every Vigil process reaches Kafka. Empty bootstrap = the local stack's.
 
-    SASL/TLS: the keys are reserved, but no client applies them yet, so any
-    ``security_protocol`` other than PLAINTEXT is refused at load time rather than
-    silently ignored.
+    ``security_protocol``: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. SASL takes
+    ``sasl_mechanism`` (SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN), ``sasl_username`` and
+    ``sasl_password`` (a secret: set it from the environment); TLS verifies the broker
+    against ``ssl_cafile`` (empty: the system's CAs). Every client (agent, worker,
+    alerter, admin, CLI) gets the same settings.
     """
 
     bootstrap: str = ""
@@ -101,6 +103,9 @@ class LocalConfig:
     redis_port: int = 16379
     kafka_heap_mb: int = 512
     kafka_cache_dir: str = "~/.cache/vigil"
+    # The local broker requires SASL/SCRAM (kafka.sasl_mechanism, one user: the
+    # kafka.sasl_username / sasl_password clients use) instead of PLAINTEXT.
+    kafka_sasl: bool = False
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,20 @@ class Config:
         return self.kafka.bootstrap or f"127.0.0.1:{self.local.kafka_port}"
 
     @property
+    def kafka_client(self) -> dict[str, Any]:
+        """Security settings for kafka-python clients (empty for PLAINTEXT)."""
+        k = self.kafka
+        args: dict[str, Any] = {}
+        if k.security_protocol != "PLAINTEXT":
+            args["security_protocol"] = k.security_protocol
+        if k.security_protocol.startswith("SASL_"):
+            args.update(sasl_mechanism=k.sasl_mechanism, sasl_plain_username=k.sasl_username,
+                        sasl_plain_password=k.sasl_password.reveal() if k.sasl_password else "")
+        if k.security_protocol in ("SSL", "SASL_SSL") and k.ssl_cafile:
+            args["ssl_cafile"] = k.ssl_cafile
+        return args
+
+    @property
     def redis_url(self) -> str:
         """The configured Redis URL (with its secret), or the local stack's."""
         if self.redis.url is not None:
@@ -314,11 +333,28 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
             raise ConfigError(f"environment: {name} names no config section")
         data.setdefault(section, {})[rest[len(section) + 1:]] = value
     config = Config(**{s: _section(hints[s], data.get(s, {}), s) for s in sections})
-    if config.kafka.security_protocol.upper() != "PLAINTEXT":
-        raise ConfigError(f"kafka.security_protocol {config.kafka.security_protocol!r}: "
-                          "only PLAINTEXT is supported so far (SASL/TLS clients are not "
-                          "wired yet)")
+    _check_kafka_security(config.kafka)
     return config
+
+
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+
+
+def _check_kafka_security(k: KafkaConfig) -> None:
+    """Refuse a security setting that could not work, before any client tries it."""
+    if k.security_protocol not in KAFKA_PROTOCOLS:
+        raise ConfigError(f"kafka.security_protocol {k.security_protocol!r}: one of "
+                          f"{', '.join(KAFKA_PROTOCOLS)}")
+    if k.security_protocol.startswith("SASL_"):
+        if k.sasl_mechanism not in SASL_MECHANISMS:
+            raise ConfigError(f"kafka.sasl_mechanism {k.sasl_mechanism!r}: one of "
+                              f"{', '.join(SASL_MECHANISMS)}")
+        if not k.sasl_username or k.sasl_password is None:
+            raise ConfigError("kafka.sasl_username and kafka.sasl_password are needed for "
+                              f"{k.security_protocol}")
+    if k.ssl_cafile and not Path(k.ssl_cafile).is_file():
+        raise ConfigError(f"kafka.ssl_cafile {k.ssl_cafile!r} is not a file")
 
 
 def describe(config: Config) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import time
 from collections import defaultdict
 from typing import Any
@@ -44,6 +45,22 @@ CHANGELOG_MAX_BYTES = 32 << 20
 WORKER_HEADER = "vigil-worker"
 
 
+def kafka_credentials(cfg: Config) -> faust.types.auth.CredentialsT | None:
+    """The configured Kafka security as Faust credentials (None for PLAINTEXT)."""
+    k = cfg.kafka
+    context = None
+    if k.security_protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=k.ssl_cafile or None)
+    if k.security_protocol.startswith("SASL_"):
+        return faust.SASLCredentials(
+            username=k.sasl_username,
+            password=k.sasl_password.reveal() if k.sasl_password else "",
+            mechanism=k.sasl_mechanism, ssl_context=context)
+    if context is not None:
+        return faust.SSLCredentials(context)
+    return None
+
+
 def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
     """The configured Faust app with its topics, engine table, agent and lag timer."""
     metrics = metrics or WorkerMetrics()
@@ -60,6 +77,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
         producer_max_request_size=CHANGELOG_MAX_BYTES,
         broker_session_timeout=cfg.worker.session_timeout_seconds,
         broker_heartbeat_interval=max(0.5, cfg.worker.session_timeout_seconds / 10),
+        broker_credentials=kafka_credentials(cfg),
     )
     samples_name = topics.topic(topics.SAMPLES, prefix)
     samples = app.topic(samples_name, key_type=bytes, value_type=bytes,

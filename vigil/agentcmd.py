@@ -173,7 +173,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         spool = DiskSpool(a.spool_dir, max_bytes=a.spool_max_mb << 20) if a.spool_dir else None
         sink = BufferedPublisher(cfg.kafka_bootstrap,
                                  topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
-                                 capacity=a.buffer_capacity, spool=spool)
+                                 capacity=a.buffer_capacity, spool=spool, **cfg.kafka_client)
     agent = Agent(a.node or socket.gethostname(), sources, sink, sampler, job_of)
     if a.metrics_port:
         _serve_metrics(cfg, agent, sink)

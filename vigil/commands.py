@@ -47,7 +47,8 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
     from vigil.kafka_admin import ensure_topics
 
     ensure_topics(cfg)
-    pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix))
+    pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
+                         **cfg.kafka_client)
     tick_start = time.monotonic()
     last_ts = None
     for sample in sim.samples(args.duration):
@@ -105,7 +106,8 @@ def topic_samples(cfg: Config, job: str, progress: Progress | None = None,
     from kafka import KafkaConsumer, TopicPartition
 
     name = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
-    consumer = KafkaConsumer(bootstrap_servers=cfg.kafka_bootstrap, enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=cfg.kafka_bootstrap, enable_auto_commit=False,
+                             **cfg.kafka_client)
     try:
         parts = [TopicPartition(name, p) for p in consumer.partitions_for_topic(name) or ()]
         if not parts:

@@ -84,7 +84,8 @@ def _publish_realtime(cfg: Config, sim: Simulator, start: float, stop: threading
     """Send the simulated samples as their time comes (the agents' pace)."""
     from producers.publisher import KafkaPublisher
 
-    pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix))
+    pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
+                         **cfg.kafka_client)
     try:
         for sample in sim.samples(DURATION):
             delay = sample["ts"] - 1.0 - time.time()
@@ -178,7 +179,7 @@ def main() -> int:
     state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
     consumer = KafkaConsumer(topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
                              bootstrap_servers=cfg.kafka_bootstrap,
-                             auto_offset_reset="earliest")
+                             auto_offset_reset="earliest", **cfg.kafka_client)
     found: list[dict[str, Any]] = []
     try:
         next_frame = 0.0

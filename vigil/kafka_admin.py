@@ -23,7 +23,8 @@ def ensure_topics(cfg: Config) -> None:
         topics.ACTIONS: 1,
         topics.STATUS: 1,
     }
-    admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id="vigil-admin")
+    admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id="vigil-admin",
+                             **cfg.kafka_client)
     try:
         existing = set(admin.list_topics())
         configs = {topics.SAMPLES: {

@@ -186,7 +186,11 @@ def _kafka_properties(config: Config, svc: Service) -> Path:
         "log.retention.hours": "24",
         "log.segment.bytes": str(64 << 20),
     }
+    if local.kafka_sasl:
+        props.update(_sasl_properties(config))
     path = svc.datadir / "server.properties"
+    path.touch(mode=0o600)  # it may hold the SASL user's password
+    path.chmod(0o600)
     path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     log4j = svc.datadir / "log4j.properties"
     log4j.write_text(
@@ -197,6 +201,35 @@ def _kafka_properties(config: Config, svc: Service) -> Path:
         "log4j.logger.kafka=INFO\nlog4j.logger.org.apache.kafka=WARN\n"
         "log4j.logger.kafka.server.KafkaRaftServer=INFO\n")
     return path
+
+
+def _scram(config: Config) -> tuple[str, str, str]:
+    """(mechanism, user, password) the SASL broker accepts."""
+    k = config.kafka
+    if k.sasl_mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512") or not k.sasl_username \
+            or k.sasl_password is None:
+        raise StackError("local.kafka_sasl needs kafka.sasl_mechanism (SCRAM-SHA-256/512), "
+                         "kafka.sasl_username and kafka.sasl_password")
+    return k.sasl_mechanism, k.sasl_username, k.sasl_password.reveal()
+
+
+def _sasl_properties(config: Config) -> dict[str, str]:
+    """Broker settings for one SASL_PLAINTEXT listener with SCRAM (the controller
+    listener stays on loopback in plain text)."""
+    mechanism, user, password = _scram(config)
+    port, controller = config.local.kafka_port, config.local.controller_port
+    return {
+        "listeners": (f"SASL_PLAINTEXT://127.0.0.1:{port},"
+                      f"CONTROLLER://127.0.0.1:{controller}"),
+        "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
+        "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": mechanism,
+        "sasl.mechanism.inter.broker.protocol": mechanism,
+        f"listener.name.sasl_plaintext.{mechanism.lower()}.sasl.jaas.config":
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{user}" password="{password}";',
+    }
 
 
 def _java(config: Config, libs: Path, svc: Service, *args: str) -> list[str]:
@@ -214,8 +247,12 @@ def start_kafka(config: Config, svc: Service, timeout: float = 120.0) -> None:
     props = _kafka_properties(config, svc)
     if not (svc.datadir / "data" / "meta.properties").exists():
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        scram: list[str] = []
+        if config.local.kafka_sasl:
+            mechanism, user, password = _scram(config)
+            scram = ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
         result = subprocess.run(_java(config, libs, svc, "kafka.tools.StorageTool", "format",
-                                      "-t", cluster_id, "-c", str(props)),
+                                      "-t", cluster_id, "-c", str(props), *scram),
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise StackError(f"Kafka storage format failed: {result.stdout}{result.stderr}")

@@ -39,7 +39,12 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
     ("[kafka\n", {}, "config file"),
     ("", {"VIGIL_NOSUCH_X": "1"}, "names no config section"),
     ("", {"VIGIL_LOCAL_KAFKA_PORT": "high"}, "cannot read"),
-    ("", {"VIGIL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}, "only PLAINTEXT is supported"),
+    ("", {"VIGIL_KAFKA_SECURITY_PROTOCOL": "KERBEROS"}, "one of PLAINTEXT, SSL"),
+    ("", {"VIGIL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}, "sasl_mechanism ''"),
+    ("", {"VIGIL_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+          "VIGIL_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512"}, "sasl_username and"),
+    ("", {"VIGIL_KAFKA_SECURITY_PROTOCOL": "SSL", "VIGIL_KAFKA_SSL_CAFILE": "/nope/ca.pem"},
+     "is not a file"),
 ])
 def test_errors_say_what_is_wrong(tmp_path: Path, text: str, env: dict[str, str],
                                   match: str) -> None:
@@ -66,3 +71,18 @@ def test_secrets_never_print() -> None:
     assert mask_url("redis://r:6379") == "redis://r:6379"
     assert mask_url("https://hooks.slack.com/services/T0/B0/tok") == "https://hooks.slack.com/***"
     assert mask_url("https://x/hook?token=abc") == "https://x/***?***"
+
+
+def test_kafka_client_settings_for_every_protocol(tmp_path: Path) -> None:
+    assert load(env={}).kafka_client == {}
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    cfg = load(env={"VIGIL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                    "VIGIL_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+                    "VIGIL_KAFKA_SASL_USERNAME": "vigil", "VIGIL_KAFKA_SASL_PASSWORD": "s3cret",
+                    "VIGIL_KAFKA_SSL_CAFILE": str(ca)})
+    assert cfg.kafka_client == {"security_protocol": "SASL_SSL",
+                                "sasl_mechanism": "SCRAM-SHA-512",
+                                "sasl_plain_username": "vigil", "sasl_plain_password": "s3cret",
+                                "ssl_cafile": str(ca)}
+    assert "s3cret" not in repr(cfg) and "s3cret" not in describe(cfg)

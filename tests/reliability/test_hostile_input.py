@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import signal
 import tracemalloc
 from collections import Counter
@@ -111,6 +112,9 @@ def test_worker_dead_letters_hostile_input_and_still_detects(
     # own 512 KiB limit is exercised with a 900 KB message the broker accepts.
     sendable = {r: [x for x in xs if len(x) < 1_000_000] for r, xs in HOSTILE.items()}
     sendable["too_large"] = [b'{"pad": "' + b"y" * 900_000 + b'"}']
+    rng = random.Random(7)  # and random bytes, which can never be a sample
+    sendable["invalid_json"] += [b"\x00" + rng.randbytes(rng.randint(0, 2000))
+                                 for _ in range(30)]
     hostile = [x for xs in sendable.values() for x in xs]
     job = JobSpec("jöb-✓", [f"узел-{i}" for i in range(4)])  # unicode ids are data
     cluster = Cluster([job], [Fault("slow_gpu", job.name, job.nodes[2], "1", START + 40)])
