@@ -1,22 +1,28 @@
 """Adaptive sampling (Moneo §2.3) on every simulated job type and fault.
 
     .venv/bin/python bench/bench_sampling.py
+    .venv/bin/python bench/bench_sampling.py --trace recorded.jsonl   # a recorded trace
 
 For every node-series the simulator produces, the sampler decides what to publish.
 Reported per job type: values read / values published (reduction), the peak
 envelope error (Moneo's criterion: the max over each 30 s window of the published
 series, held between publishes, against the same of the full-rate series, relative),
 and for every injected fault whether its onset was published within one base
-interval.
+interval. ``--trace`` runs the same measurement over a recorded JSON-lines trace of
+full-rate samples (record one with `VIGIL_AGENT_ADAPTIVE=false vigil agent --out F`).
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
 
 from contracts.catalog import CATALOG, Scope
+from contracts.codec import decode_sample
 from producers.sampler import NOISE_FLOOR, AdaptiveSampler, SamplingConfig
 from producers.simulator import Cluster, Event, Fault, JobSpec, Simulator
 
@@ -32,22 +38,20 @@ ONSET_METRIC = {"slow_gpu": ("sm_clock", "sm_active", "power"),
                 "nic_degraded": ("ib_rate",), "network_phase": ("sm_active", "ib_tx")}
 
 
-def run(job_type: str, fault: str | None, seed: int = 1) -> dict[str, float]:
-    nodes = [f"n{i}" for i in range(4)]
-    job = JobSpec("j", nodes, kind=job_type, events=[Event("warmup", START, START + 40),
-                                                     Event("checkpoint", START + 200,
-                                                           START + 215)])
-    at = START + 120.5
-    faults = []
-    if fault:
-        node = None if fault in ("hang", "network_phase") else "n1"
-        gpu = None if fault in ("hang", "network_phase", "slow_node", "nic_degraded") else "2"
-        faults = [Fault(fault, "j", node, gpu, at, severity=79 if fault == "xid" else 1.3)]
+Series = dict[tuple[str, str, str], list[tuple[float, float]]]
+
+
+def measure(samples: Iterable[dict[str, Any]],
+            seed: int = 1) -> tuple[AdaptiveSampler, Series, list[float]]:
+    """Offer every reading to the sampler; return it, what it published, and the peak
+    envelope errors of every meaningful 30 s window."""
     sampler = AdaptiveSampler(SamplingConfig(), random.Random(seed))
-    full: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
-    pub: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
-    for s in Simulator(Cluster([job], faults), START, seed=seed).samples(300):
-        t = s["ts"] - START
+    full: Series = defaultdict(list)
+    pub: Series = defaultdict(list)
+    start = None
+    for s in samples:
+        start = s["ts"] if start is None else start
+        t = s["ts"] - start
         for scope, devices in ((Scope.GPU, s["gpus"]), (Scope.NIC, s["nics"])):
             for dev, metrics in devices.items():
                 for name, value in metrics.items():
@@ -71,6 +75,22 @@ def run(job_type: str, fault: str | None, seed: int = 1) -> dict[str, float]:
             peak = max(values[w:w + ENVELOPE])
             if peak > meaningful:
                 errors.append(abs(max(held[w:w + ENVELOPE]) - peak) / peak)
+    return sampler, pub, errors
+
+
+def run(job_type: str, fault: str | None, seed: int = 1) -> dict[str, float]:
+    nodes = [f"n{i}" for i in range(4)]
+    job = JobSpec("j", nodes, kind=job_type, events=[Event("warmup", START, START + 40),
+                                                     Event("checkpoint", START + 200,
+                                                           START + 215)])
+    at = START + 120.5
+    faults = []
+    if fault:
+        node = None if fault in ("hang", "network_phase") else "n1"
+        gpu = None if fault in ("hang", "network_phase", "slow_node", "nic_degraded") else "2"
+        faults = [Fault(fault, "j", node, gpu, at, severity=79 if fault == "xid" else 1.3)]
+    samples = Simulator(Cluster([job], faults), START, seed=seed).samples(300)
+    sampler, pub, errors = measure(samples, seed)
     onset_ok = 1.0
     if fault and fault in ONSET_METRIC:
         onset_ok = 0.0
@@ -89,6 +109,16 @@ def run(job_type: str, fault: str | None, seed: int = 1) -> dict[str, float]:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trace", help="a recorded JSON-lines trace instead of the simulator")
+    args = parser.parse_args()
+    if args.trace:
+        with open(args.trace, "rb") as fh:
+            sampler, _, errors = measure(decode_sample(line) for line in fh if line.strip())
+        print(f"{args.trace}: reduction {sampler.read / max(1, sampler.published):.1f}x, "
+              f"peak err p50 {statistics.median(errors):.1%} "
+              f"p99 {sorted(errors)[int(0.99 * len(errors))]:.1%} ({len(errors)} windows)")
+        return 0
     print(f"{'job type':14} {'fault':16} {'reduction':>9} {'peak err p50':>12} "
           f"{'p99':>6} {'onset<=1 tick':>13}")
     for job_type in ("data_parallel", "pipeline", "moe"):
