@@ -114,6 +114,11 @@ def test_channel_hard_down_for_ten_minutes(isolated_env: dict[str, str]) -> None
     assert after and all(final[i]["result"] == "delivered" for i in after)
     assert back is not None and {r.json()["id"] for r in back.requests} >= set(after)
     assert len(state.open_incidents()) == len(sent)
+    worst = max(told[i] - sent[i] for i in sent)
+    print(f"channel down {SOAK:.0f}s: {len(sent)} incidents; Slack told of all, slowest "
+          f"{worst:.1f}s after publishing; webhook: {len(dead)} dead-lettered (attempts "
+          f"{min(int(e['attempts']) for e in dead)}-{max(int(e['attempts']) for e in dead)}), "
+          f"{len(final) - len(dead)} delivered after it came back")
 
 
 def _finals(state: LiveState, channel: str) -> dict[str, dict[str, str]]:
