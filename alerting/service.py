@@ -234,26 +234,22 @@ class Alerter:
 
     def _apply(self, det: dict[str, Any]) -> None:
         """Redis first; without Redis, de-duplicate in memory and deliver anyway."""
-        if not self.backlog:
+        fresh: bool | None = None
+        if not self.backlog:  # Redis believed up
             try:
                 fresh = self.state.apply(det)
             except redis.RedisError as exc:
                 self._redis_lost(exc)
-            else:
-                self._remember(det)
-                if not fresh:
-                    self.duplicates += 1
-                    return
-                self.applied += 1
-                self._dispatch(self.router.handle(det))
-                self._consider(det)
-                return
-        if not self._remember(det):
+        newer = self._remember(det)
+        if not (newer if fresh is None else fresh):
             self.duplicates += 1
             return
         self.applied += 1
         self._dispatch(self.router.handle(det))
-        self.backlog.append(det)
+        if fresh is None:
+            self.backlog.append(det)  # written (and considered) when Redis is back
+        else:
+            self._consider(det)
 
     def _remember(self, det: dict[str, Any]) -> bool:
         """Record the newest state seen of an incident; False if ``det`` is not newer

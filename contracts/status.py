@@ -34,6 +34,12 @@ def worker_status(worker: str, ts: float, lag: dict[str, int], samples: int,
             "lag": lag, "samples": samples, "deadletters": deadletters, "jobs": jobs}
 
 
+def gpu_key_order(key: str) -> tuple[str, int]:
+    """Sort key for ``"node/gpu"`` strings: by node, then GPU index as a number."""
+    node, _, gpu = key.rpartition("/")
+    return node, int(gpu) if gpu.isdigit() else 0
+
+
 def status_key(status: dict[str, Any]) -> bytes:
     """The compaction key: the newest status per job and per worker survives."""
     name = status["job"] if status["kind"] == "job" else status["worker"]

@@ -80,7 +80,7 @@ def _spawn(args: list[str], env: dict[str, str], log_path: str) -> subprocess.Po
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
-def _publish_realtime(cfg: Config, sim: Simulator, start: float, stop: threading.Event) -> None:
+def _publish_realtime(cfg: Config, sim: Simulator, stop: threading.Event) -> None:
     """Send the simulated samples as their time comes (the agents' pace)."""
     from producers.publisher import KafkaPublisher
 
@@ -173,7 +173,7 @@ def main() -> int:
           f"VIGIL_REDIS_KEY_PREFIX={cfg.redis.key_prefix} vigil top)", flush=True)
     stop = threading.Event()
     feeder = threading.Thread(target=_publish_realtime,
-                              args=(cfg, Simulator(cluster, start, seed=SEED), start, stop),
+                              args=(cfg, Simulator(cluster, start, seed=SEED), stop),
                               daemon=True)
     feeder.start()
     state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from contracts.config import DetectConfig
+from contracts.status import gpu_key_order
 from detectors.engine import JobEngine
 from detectors.robust import robust_z
 
@@ -61,32 +62,26 @@ class ReportData:
             return np.where(counts > 0, np.nansum(m, axis=1) / np.maximum(counts, 1), np.nan)
 
 
-def job_samples(samples: Iterable[dict[str, Any]], job: str) -> Iterator[dict[str, Any]]:
-    """Only ``job``'s samples."""
-    return (s for s in samples if s["job"] == job)
-
-
 def build(samples: Iterable[dict[str, Any]], job: str, cfg: DetectConfig) -> ReportData:
     """Bin one job's samples (arrival order) and run its detectors over them."""
     engine = JobEngine(job, cfg)
     detections: list[dict[str, Any]] = []
     acc: dict[tuple[str, int], list[float]] = {}  # (row, bin) → sums + counts per metric
-    links: dict[int, list[float]] = {}  # bin → [nvlink sum, nvlink n, ib sum]
+    node_links: dict[tuple[str, int], list[float]] = {}  # (node, bin) → [NVLink, IB, n]
     gpu_link: dict[tuple[str, int], float] = {}  # (row, bin) → NVLink bytes/s of that GPU
     node_ib: dict[tuple[str, int], float] = {}  # (node, bin) → IB bytes/s
-    count = 0
-    collected = list(job_samples(samples, job))
+    collected = [s for s in samples if s["job"] == job]
     if not collected:
         raise ValueError(f"no samples of job {job!r}")
     first = min(s["ts"] for s in collected)
     span = max(s["ts"] for s in collected) - first
     bin_seconds = cfg.bin_seconds * max(1, math.ceil(span / cfg.bin_seconds / MAX_BINS))
     for sample in collected:
-        count += 1
         detections.extend(engine.ingest(sample))
         detections.extend(engine.advance())
         b = int((sample["ts"] - first) // bin_seconds)
         node = sample["node"]
+        node_nv = 0.0
         for gpu, readings in sample["gpus"].items():
             row = f"{node}/{gpu}"
             cell = acc.setdefault((row, b), [0.0] * (2 * len(HEAT)))
@@ -96,14 +91,15 @@ def build(samples: Iterable[dict[str, Any]], job: str, cfg: DetectConfig) -> Rep
                     cell[2 * i + 1] += 1
             nv = (readings.get("nvlink_tx") or 0.0) + (readings.get("nvlink_rx") or 0.0)
             gpu_link[(row, b)] = max(gpu_link.get((row, b), 0.0), nv)
-            lk = links.setdefault(b, [0.0, 0.0, 0.0])
-            lk[0] += nv
-        links[b][1] += 1  # one node-sample: link totals are averaged per node-sample
+            node_nv += nv
         ib = sum((n.get("ib_tx") or 0.0) + (n.get("ib_rx") or 0.0)
                  for n in sample["nics"].values())
-        links[b][2] += ib
+        lk = node_links.setdefault((node, b), [0.0, 0.0, 0.0])
+        lk[0] += node_nv
+        lk[1] += ib
+        lk[2] += 1
         node_ib[(node, b)] = max(node_ib.get((node, b), 0.0), ib)
-    rows = sorted({r for r, _ in acc}, key=_row_order)
+    rows = sorted({r for r, _ in acc}, key=gpu_key_order)
     bins = max(b for _, b in acc) + 1
     index = {r: i for i, r in enumerate(rows)}
     heat = {m: np.full((len(rows), bins), np.nan) for m in HEAT}
@@ -111,30 +107,16 @@ def build(samples: Iterable[dict[str, Any]], job: str, cfg: DetectConfig) -> Rep
         for i, m in enumerate(HEAT):
             if cell[2 * i + 1]:
                 heat[m][index[row], b] = cell[2 * i] / cell[2 * i + 1]
-    nodes_per_bin = _nodes_per_bin(collected, first, bin_seconds, bins)
-    nvlink, ib = np.zeros(bins), np.zeros(bins)
-    for b, (nv_sum, n, ib_sum) in links.items():
-        nvlink[b] = nv_sum / n * nodes_per_bin[b] if n else 0.0
-        ib[b] = ib_sum / n * nodes_per_bin[b] if n else 0.0
+    nvlink, ib = np.zeros(bins), np.zeros(bins)  # the job's total: each node's bin mean
+    for (_, b), (nv_sum, ib_sum, n) in node_links.items():
+        nvlink[b] += nv_sum / n
+        ib[b] += ib_sum / n
     data = ReportData(job, first, bin_seconds, rows, heat, nvlink, ib,
-                      [d for d in detections if d["state"] == "firing"], count)
+                      [d for d in detections if d["state"] == "firing"], len(collected))
     data.shares = _shares(data, gpu_link, node_ib)
     data.tensor_peaks = _tensor_peaks(data)
     data.stands_out = _stands_out(data)
     return data
-
-
-def _row_order(row: str) -> tuple[str, int]:
-    node, _, gpu = row.rpartition("/")
-    return node, int(gpu) if gpu.isdigit() else 0
-
-
-def _nodes_per_bin(samples: list[dict[str, Any]], first: float, width: float,
-                   bins: int) -> np.ndarray:
-    seen: list[set[str]] = [set() for _ in range(bins)]
-    for s in samples:
-        seen[min(bins - 1, int((s["ts"] - first) // width))].add(s["node"])
-    return np.array([len(s) for s in seen], dtype=float)
 
 
 def _shares(data: ReportData, gpu_link: dict[tuple[str, int], float],

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerting.state import LiveState
-from contracts.status import HEAT_METRICS
+from contracts.status import HEAT_METRICS, gpu_key_order
 
 LEVELS = "▁▂▃▄▅▆▇█"  # 0 … 1; the lowest stays visible (a hung job reads ~0)
 NO_READING = "·"
@@ -53,17 +53,12 @@ def cell(value: float | None) -> str:
     return LEVELS[min(len(LEVELS) - 1, max(0, round(value * (len(LEVELS) - 1))))]
 
 
-def _gpu_order(key: str) -> tuple[str, int]:
-    node, _, gpu = key.rpartition("/")
-    return node, int(gpu) if gpu.isdigit() else 0
-
-
 def _job_rows(job: str, status: dict[str, Any], flagged: dict[tuple[str, str | None], str],
               color: bool) -> list[str]:
     """The heat strips of one job: a header, then a row per node."""
     metrics = status.get("metrics", list(HEAT_METRICS))
     by_node: dict[str, list[tuple[str, list[float | None]]]] = {}
-    for key in sorted(status["heat"], key=_gpu_order):
+    for key in sorted(status["heat"], key=gpu_key_order):
         node, _, gpu = key.rpartition("/")
         by_node.setdefault(node, []).append((gpu, status["heat"][key]))
     gpus_per_node = max((len(v) for v in by_node.values()), default=0)

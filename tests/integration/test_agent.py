@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,10 @@ from contracts import topics
 from contracts.catalog import GPU_METRICS
 from contracts.codec import decode_sample
 from contracts.config import Config
+from tests.integration.ports import free_port
 from vigil.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -37,7 +31,7 @@ def _metrics(port: int) -> dict[str, float]:
 def test_agent_publishes_exposes_metrics_and_flushes_on_sigterm(
         isolated_env: dict[str, str], isolated_cfg: Config) -> None:
     ensure_topics(isolated_cfg)
-    port = _free_port()
+    port = free_port()
     env = dict(isolated_env, VIGIL_AGENT_METRICS_PORT=str(port), VIGIL_AGENT_NODE="gpu-node-7",
                VIGIL_AGENT_JOB="job-42")
     agent = subprocess.Popen([sys.executable, "-m", "vigil.cli", "agent", "--sources",

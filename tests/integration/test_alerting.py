@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.request
@@ -24,16 +23,11 @@ from contracts.codec import encode_detection
 from contracts.config import Config, load
 from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
+from tests.integration.ports import free_port
 from vigil.kafka_admin import ensure_topics
 from vigil.localstack import debian_binary
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -43,7 +37,7 @@ def alertmanager(tmp_path: Path) -> Iterator[str]:
     config = tmp_path / "am.yml"
     config.write_text('route:\n  receiver: "null"\n  group_wait: 1s\nreceivers:\n'
                       '  - name: "null"\n')
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([binary, f"--config.file={config}",
                              f"--storage.path={tmp_path / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from contracts.config import Config, load
 from producers.publisher import BufferedPublisher
 from producers.simulator import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import start_worker
+from tests.integration.ports import free_port
 from vigil import localstack
 from vigil.kafka_admin import ensure_topics
 
@@ -30,19 +30,13 @@ pytestmark = pytest.mark.integration
 START = 1_895_000_000.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A second local broker that accepts only SASL_PLAINTEXT with SCRAM-SHA-512."""
     data = tmp_path_factory.mktemp("sasl-stack")
     password = secrets.token_urlsafe(16)
-    env = {"VIGIL_LOCAL_DATA_DIR": str(data), "VIGIL_LOCAL_KAFKA_PORT": str(_free_port()),
-           "VIGIL_LOCAL_CONTROLLER_PORT": str(_free_port()), "VIGIL_LOCAL_KAFKA_SASL": "true",
+    env = {"VIGIL_LOCAL_DATA_DIR": str(data), "VIGIL_LOCAL_KAFKA_PORT": str(free_port()),
+           "VIGIL_LOCAL_CONTROLLER_PORT": str(free_port()), "VIGIL_LOCAL_KAFKA_SASL": "true",
            "VIGIL_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
            "VIGIL_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
            "VIGIL_KAFKA_SASL_USERNAME": "vigil", "VIGIL_KAFKA_SASL_PASSWORD": password}

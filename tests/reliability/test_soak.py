@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import threading
 import time
 import urllib.request
@@ -30,6 +29,7 @@ from producers.simulator import Cluster, JobSpec, Simulator
 from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
 from tests.integration.kafka_helpers import start_worker
+from tests.integration.ports import free_port
 from vigil.kafka_admin import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
@@ -38,14 +38,8 @@ RATE = float(os.environ.get("SOAK_RATE", "4000"))
 START = 1_900_000_000.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_channel_hard_down_for_ten_minutes(isolated_env: dict[str, str]) -> None:
-    dead_port = _free_port()  # nothing listens here until the channel "comes back"
+    dead_port = free_port()  # nothing listens here until the channel "comes back"
     with Recorder() as slack:
         cfg = load(env=dict(isolated_env, VIGIL_ALERTER_SLACK_WEBHOOK=slack.url,
                             VIGIL_ALERTER_SLACK_RATE_PER_SECOND="20",
@@ -194,7 +188,7 @@ async def _offer(bootstrap: str, topic: str, base: list[tuple[bytes, bytes, floa
 def test_twice_the_worker_throughput_for_ten_minutes(isolated_env: dict[str, str],
                                                      isolated_cfg: Config,
                                                      tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = dict(isolated_env, VIGIL_WORKER_WEB_PORT=str(port))
     ensure_topics(isolated_cfg)
     jobs = [JobSpec(f"load-{j:03d}", [f"l{j:03d}-{i}" for i in range(8)]) for j in range(100)]
