@@ -26,11 +26,13 @@ import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from contracts import topics
+from contracts.codec import decode_detection
 from contracts.config import load
 from producers.publisher import KafkaPublisher
 from producers.simulator import Cluster, Fault, JobSpec, Simulator
@@ -62,6 +64,34 @@ async def _bare(bootstrap: str, topic: str, expected: int) -> float:
     return count / (time.monotonic() - (first or time.monotonic()))
 
 
+async def _group_outcome(bootstrap: str, prefix: str, group: str) -> tuple[int, int, set[str]]:
+    """(sum of the group's committed samples offsets, sum of the log ends, jobs with a
+    firing detection on the detections topic)."""
+    samples = topics.topic(topics.SAMPLES, prefix)
+    client = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                              enable_auto_commit=False)
+    await client.start()
+    try:
+        await client._client.force_metadata_update()
+        tps = [TopicPartition(samples, p) for p in client.partitions_for_topic(samples) or ()]
+        committed = sum([await client.committed(tp) or 0 for tp in tps])
+        ends = sum((await client.end_offsets(tps)).values())
+    finally:
+        await client.stop()
+    reader = AIOKafkaConsumer(topics.topic(topics.DETECTIONS, prefix), bootstrap_servers=bootstrap,
+                              auto_offset_reset="earliest", enable_auto_commit=False)
+    await reader.start()
+    jobs: set[str] = set()
+    try:
+        while batch := await reader.getmany(timeout_ms=2000):
+            for records in batch.values():
+                jobs.update(d["job"] for d in map(decode_detection, (r.value for r in records))
+                            if d["state"] == "firing")
+    finally:
+        await reader.stop()
+    return committed, ends, jobs
+
+
 def _histogram(port: int, name: str) -> list[tuple[float, float]]:
     """(upper bound, cumulative count) of a histogram on /metrics."""
     out = []
@@ -82,13 +112,13 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return float("nan")
 
 
-def _metric(port: int, name: str) -> float:
-    """Sum of every series of a counter on the worker's /metrics."""
+def _metric(port: int, name: str, label: str = "") -> float:
+    """Sum of every series of a counter on the worker's /metrics (whose labels hold ``label``)."""
     total = 0.0
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
         for line in resp.read().decode().splitlines():
             series = line.split("{", 1)[0].split(" ", 1)[0]
-            if series in (name, name + "_total"):
+            if series in (name, name + "_total") and label in line:
                 total += float(line.split()[-1])
     return total
 
@@ -120,12 +150,17 @@ def main() -> int:
     total = pub.sent
     bare = asyncio.run(_bare(cfg.kafka_bootstrap, topic, total))
     # All workers start together. Rebalances while they join re-deliver uncommitted
-    # messages (extra work, counted twice), so the run ends only when every job was
-    # detected and the rate counts unique messages: it errs low, never high.
+    # messages (extra work; the offset guard skips them, so each sample is counted
+    # once), so the run ends only when every job was detected and every sample
+    # processed; the rate counts unique messages: it errs low, never high.
+    logs = Path(cfg.worker.data_dir)
+    logs.mkdir(parents=True, exist_ok=True)
     workers = [subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker"],
                                 env=dict(env, VIGIL_WORKER_WEB_PORT=str(port)),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=(logs / f"worker-{port}.log").open("ab"),
+                                stderr=subprocess.STDOUT)
                for port in ports]
+    print(f"worker logs: {logs}/worker-PORT.log", flush=True)
     first = None
     first_count = 0.0
     last = time.monotonic()
@@ -135,6 +170,9 @@ def main() -> int:
         while time.monotonic() < deadline and (done < total
                                                or detections < len(cluster.jobs)):
             time.sleep(0.2)
+            if any(w.poll() is not None for w in workers):
+                print("a worker exited: see its log", flush=True)
+                break
             try:
                 now_done = sum(_metric(port, "vigil_worker_samples") for port in ports)
                 detections = sum(_metric(port, "vigil_worker_detections") for port in ports)
@@ -146,6 +184,10 @@ def main() -> int:
                 done, last = now_done, time.monotonic()
         elapsed = last - (first or last) if first else 0.0
         rate = (total - first_count) / elapsed if elapsed > 0 else 0.0
+        alive = [port for port, w in zip(ports, workers) if w.poll() is None]
+        offsets = {outcome: sum(_metric(port, "vigil_worker_offset_events", f'"{outcome}"')
+                                for port in alive)
+                   for outcome in ("replayed", "gap", "refetch", "lost_to_retention")}
     finally:
         for w in workers:
             w.terminate()
@@ -157,7 +199,14 @@ def main() -> int:
     print(f"vigil worker end to end: {rate:8.0f} node-messages/s "
           f"({rate * 8:.0f} GPU-samples/s), {rate / bare:.0%} of bare")
     print(f"detections published   : {detections:.0f} (jobs: {len(cluster.jobs)}; "
-          f"samples processed {done:.0f} of {total})")
+          f"samples processed {done:.0f} of {total}, a sample processed by two workers "
+          "around a rebalance counts twice)")
+    print("offsets not processed as delivered: "
+          + ", ".join(f"{k} {v:.0f}" for k, v in offsets.items()))
+    committed, ends, jobs = asyncio.run(_group_outcome(
+        cfg.kafka_bootstrap, cfg.kafka.topic_prefix, cfg.worker.app_id))
+    print(f"group committed {committed} of {ends} samples offsets; jobs with a firing "
+          f"detection on the topic: {len(jobs)} of {len(cluster.jobs)}")
     return 0
 
 

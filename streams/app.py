@@ -1,6 +1,9 @@
 """The Faust application: consume samples, keep per-job engines, detect, publish.
 
-Samples are keyed by job, so one job's engine lives on one worker. The agent runs
+Samples are keyed by job, so one job's engine lives on one worker. Every batch
+passes the offset guard first (`streams.continuity`): the detectors see each
+partition's offsets once and in order, and Faust never commits past one they did
+not see, whatever a rebalance does to Faust's delivery. The agent runs
 with concurrency 1 and works in batches (Faust's per-message cost is high, and
 concurrency > 1 can commit past in-flight messages). Each batch: decode (bad
 messages go to the dead-letter topic with their reason), fold samples into the
@@ -35,6 +38,7 @@ from contracts.config import Config
 from contracts.errors import ContractError
 from contracts.status import HEAT_METRICS, encode_status, job_status, status_key, worker_status
 from detectors.engine import JobEngine
+from streams.continuity import Continuity
 from streams.deadletter import deadletter_record
 from streams.decode import decode_sample_fast
 from streams.metrics import WorkerMetrics
@@ -121,8 +125,17 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
             checkpoint(engine)
         live.clear()
         metrics.jobs.set(0)
+        # Faust flushed its producer before this signal; the checkpoints just written
+        # must reach the changelog before the next owner recovers the table from it.
+        await app.producer.flush()
+
+    continuity = Continuity(app, samples_name, metrics)
+
+    async def _on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        continuity.on_assigned()
 
     app.on_partitions_revoked.connect(_on_revoked)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
 
     @app.agent(samples, concurrency=1)
     async def process(stream: Any) -> None:
@@ -137,7 +150,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
     async def handle_batch(events: list[Any]) -> None:
         by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
         newest_append = 0.0
-        for event in events:
+        for event in await continuity.admit(events):
             msg = event.message
             newest_append = max(newest_append, msg.timestamp or 0.0)
             try:
@@ -174,6 +187,10 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
                 checkpoint(engine)
                 due = 0
             since_checkpoint[job] = due
+
+    @app.timer(interval=1.0)
+    async def watch_offsets() -> None:
+        await continuity.watch()
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:

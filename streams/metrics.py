@@ -18,6 +18,11 @@ class WorkerMetrics:
                             "samples too late for their window", registry=r)
         self.detections = Counter("vigil_worker_detections", "detections published",
                                   ["kind", "state"], registry=r)
+        self.offsets = Counter(
+            "vigil_worker_offset_events",
+            "sample offsets not handed to the detectors as delivered: replayed (seen before), "
+            "gap (earlier ones missing), unanchored, refetch (seeks back over a gap), "
+            "lost_to_retention", ["outcome"], registry=r)
         self.errors = Counter("vigil_worker_batch_errors", "batches that raised", registry=r)
         self.jobs = Gauge("vigil_worker_jobs", "job windows this worker holds", registry=r)
         self.lag = Gauge("vigil_worker_lag_messages", "samples not yet consumed",

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import signal
+import subprocess
+import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from kafka import KafkaConsumer
+from prometheus_client.parser import text_string_to_metric_families
 
 from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
 from producers.simulator import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
+from tests.integration.ports import free_port
 
 pytestmark = pytest.mark.integration
 START = 1_850_000_000.0
@@ -132,3 +139,72 @@ def test_two_workers_split_jobs_and_each_job_has_one_author(
     assert set(authors) == {j.name for j in jobs}
     assert all(len(a) == 1 for a in authors.values()), authors
     assert len(set().union(*authors.values())) == 2, "one worker did all the work"
+
+
+def _metric(port: int, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+@pytest.mark.parametrize("jump", ["2000", "end"])
+def test_a_block_faust_skips_is_read_again_and_nothing_is_committed_past_it(
+        isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path, jump: str) -> None:
+    """The consumer jumps ahead (as faust-streaming can in a rebalance): 2,000 samples
+    mid-stream, or to the partition's end before anything reached the agent (no later
+    message reveals that hole). The worker notices, seeks back, processes every
+    sample once, and commits the partition's end only after that."""
+    port = free_port()
+    env = dict(isolated_env, VIGIL_WORKER_WEB_PORT=str(port))
+    job = JobSpec("job-j", [f"n{i}" for i in range(8)])
+    samples = list(Simulator(Cluster([job], [Fault("slow_gpu", "job-j", "n5", "3", START + 60)]),
+                             START, seed=2).samples(900))
+    publish(isolated_cfg, samples)
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "ab") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "tests.integration.jumping_worker",
+                                   jump], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and worker.poll() is None:
+            try:
+                if _metric(port, "vigil_worker_samples_total") >= len(samples):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        time.sleep(2)  # anything beyond would be a double count
+        done = _metric(port, "vigil_worker_samples_total")
+        refetches = _metric(port, "vigil_worker_offset_events_total", outcome="refetch")
+        dets = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(_firing(v)) >= 1, 60)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    text = log_path.read_text()
+    assert "JUMPED" in text, "the consumer never jumped: the test proved nothing\n" + text[-3000:]
+    assert refetches >= 1, text[-3000:]
+    assert done == len(samples), f"processed {done:.0f} of {len(samples)}\n" + text[-3000:]
+    assert [(d["node"], d["gpu"]) for d in _firing(dets)] == [("n5", "3")]
+    assert _committed(isolated_cfg, isolated_env["VIGIL_WORKER_APP_ID"]) == len(samples)
+
+
+def _committed(cfg: Config, group: str) -> int:
+    """The group's committed offsets over the samples topic's partitions, summed."""
+    async def fetch() -> int:
+        name = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
+        client = AIOKafkaConsumer(bootstrap_servers=cfg.kafka_bootstrap, group_id=group,
+                                  enable_auto_commit=False)
+        await client.start()
+        try:
+            parts = client.partitions_for_topic(name) or set()
+            if not parts:
+                await client._client.force_metadata_update()
+                parts = client.partitions_for_topic(name) or set()
+            offsets = [await client.committed(TopicPartition(name, p)) for p in parts]
+            return sum(o or 0 for o in offsets)
+        finally:
+            await client.stop()
+    return asyncio.run(fetch())

@@ -1,0 +1,168 @@
+"""Faust glue for `streams.offsets.OffsetGuard`: anchoring, re-fetching, clamped commits.
+
+Three hooks, all on the samples topic only:
+
+- before a batch is handled, partitions without an anchor get one: the group's
+  committed offset (an OffsetFetch from a side consumer that never joins the
+  group), or the log start when nothing was committed;
+- after the batch, and every second from a timer (a hole may show no later
+  message), a partition that showed a gap is sought back to its expected
+  offset through Faust's own ``Consumer.seek_wait`` (which also resets Faust's read
+  offset, so the re-fetched messages are not dropped again); when the log itself
+  starts after the expected offset, the loss is counted and accepted;
+- Faust's ``Consumer._new_offset`` (what it would commit for a partition) is
+  replaced for the samples topic by the guard's limit, and Faust's acknowledgement
+  lists are trimmed below it so they stay bounded.
+
+The last hook uses private Faust attributes; faust-streaming is pinned exactly and
+`tests/streams/test_continuity.py` checks they exist on the installed version.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+from faust.types import TP
+
+from streams.metrics import WorkerMetrics
+from streams.offsets import OffsetGuard, Verdict
+
+log = logging.getLogger(__name__)
+
+
+class Continuity:
+    """Keeps the samples topic's offsets continuous between Faust and the detectors."""
+
+    def __init__(self, app: Any, topic: str, metrics: WorkerMetrics,
+                 guard: OffsetGuard | None = None) -> None:
+        self.app = app
+        self.topic = topic
+        self.metrics = metrics
+        self.guard = guard or OffsetGuard()
+        self._clamped = False
+
+    # -- anchoring -----------------------------------------------------------
+
+    def _side_client(self) -> AIOKafkaConsumer:
+        """A consumer that only asks the group coordinator for offsets: it never joins."""
+        conf = self.app.conf
+        return AIOKafkaConsumer(
+            bootstrap_servers=[f"{u.host}:{u.port or 9092}" for u in conf.broker],
+            group_id=conf.id, enable_auto_commit=False, client_id=f"{conf.id}-offsets",
+            **credentials_to_aiokafka_auth(conf.broker_credentials))
+
+    async def anchor(self, partitions: Iterable[int]) -> None:
+        """Anchor each partition at the group's committed offset (else the log start).
+
+        Runs once per partition per assignment, so a short-lived client is cheaper
+        than a long-lived one whose lifecycle Faust does not manage.
+        """
+        client = self._side_client()
+        await client.start()
+        try:
+            for partition in sorted(set(partitions)):
+                tp = TopicPartition(self.topic, partition)
+                committed = await client.committed(tp)
+                if committed is None:
+                    committed = (await client.beginning_offsets([tp]))[tp]
+                self.guard.anchor(partition, committed)
+                log.info("samples partition %d anchored at offset %d", partition, committed)
+        finally:
+            await client.stop()
+
+    async def _log_start(self, partition: int) -> int:
+        client = self._side_client()
+        await client.start()
+        try:
+            tp = TopicPartition(self.topic, partition)
+            return int((await client.beginning_offsets([tp]))[tp])
+        finally:
+            await client.stop()
+
+    # -- per batch -----------------------------------------------------------
+
+    async def admit(self, events: list[Any]) -> list[Any]:
+        """The events the detectors may see, in order; seeks back over any gap."""
+        unanchored = {e.message.partition for e in events
+                      if self.guard.needs_anchor(e.message.partition)}
+        if unanchored:
+            await self.anchor(unanchored)
+        admitted: list[Any] = []
+        gaps: set[int] = set()
+        for event in events:
+            msg = event.message
+            verdict = self.guard.admit(msg.partition, msg.offset)
+            if verdict is Verdict.PROCESS:
+                admitted.append(event)
+                continue
+            self.metrics.offsets.labels(verdict.value).inc()
+            if verdict is Verdict.GAP:
+                gaps.add(msg.partition)
+        for partition in sorted(gaps):
+            await self._refetch(partition)
+        return admitted
+
+    async def watch(self) -> None:
+        """Periodic: anchor every assigned partition, re-seek partitions whose hole
+        persists, and find holes no message shows (Faust can drop every message of a
+        partition it fetched, so a partition may never appear in a batch at all)."""
+        assigned = sorted(tp.partition for tp in self.app.consumer.assignment()
+                          if tp.topic == self.topic)
+        unanchored = [p for p in assigned if self.guard.needs_anchor(p)]
+        if unanchored:
+            await self.anchor(unanchored)
+        for partition in assigned:
+            position = await self.app.consumer.position(TP(self.topic, partition))
+            self.guard.check_position(partition, position)
+            await self._refetch(partition)
+
+    async def _refetch(self, partition: int) -> None:
+        offset = self.guard.refetch_due(partition)
+        if offset is None:
+            return
+        log_start = await self._log_start(partition)
+        lost = self.guard.accept_log_start(partition, log_start)
+        if lost:
+            self.metrics.offsets.labels("lost_to_retention").inc(lost)
+            log.warning("samples partition %d: %d offsets before %d are gone from the log "
+                        "(retention); continuing from the log start", partition, lost, log_start)
+            offset = log_start
+        self.metrics.offsets.labels("refetch").inc()
+        log.warning("samples partition %d: messages from offset %d did not arrive in order; "
+                    "seeking back to re-read them", partition, offset)
+        # seek_wait runs in the consumer's own thread; Consumer.seek would touch aiokafka
+        # from this one and race its fetcher.
+        await self.app.consumer.seek_wait({TP(self.topic, partition): offset})
+
+    # -- commits ---------------------------------------------------------------
+
+    def on_assigned(self) -> None:
+        """A new assignment: re-anchor everything; make sure commits are clamped."""
+        self.guard.reset()
+        if not self._clamped:
+            clamp_commits(self.app.consumer, self.topic, self.guard)
+            self._clamped = True
+
+
+def clamp_commits(consumer: Any, topic: str, guard: OffsetGuard) -> None:
+    """Make ``consumer`` commit, on ``topic``, only offsets the guard says were processed."""
+    original = consumer._new_offset
+
+    def new_offset(tp: Any) -> int | None:
+        if tp.topic != topic:
+            return original(tp)
+        limit = guard.commit_limit(tp.partition)
+        acked = consumer._acked[tp]
+        if acked:
+            index = consumer._acked_index[tp]
+            below = [o for o in acked if limit is None or o < limit]
+            if below:
+                index.difference_update(below)
+                acked[:] = [o for o in acked if limit is not None and o >= limit]
+        return limit
+
+    consumer._new_offset = new_offset
