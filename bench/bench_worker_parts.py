@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_worker_parts.py compute      # no Kafka
     .venv/bin/vigil up && .venv/bin/python bench/bench_worker_parts.py faust-floor
+    .venv/bin/vigil up && .venv/bin/python bench/bench_worker_parts.py faust-drain
 
 ``compute`` runs decode + validation + windowing + detectors over the same
 20,480 node-samples `bench_worker.py` uses, in batches of 500, in one process.
@@ -13,6 +14,7 @@ the most a Faust agent can consume on this machine.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import uuid
@@ -56,8 +58,13 @@ def compute() -> None:
           f"({spent / len(raw) * 1e6:.0f} µs each)")
 
 
-def faust_floor() -> None:
-    """A no-op Faust agent over a pre-loaded samples topic."""
+def faust_floor(bypass: bool = False) -> None:
+    """A no-op Faust agent over a pre-loaded samples topic.
+
+    With ``bypass`` the consumer's per-message callback is replaced, for the samples
+    topic, by one that only counts: what is left is Faust's fetch-and-drain loop, the
+    ceiling of a worker that skipped Faust's per-event stream.
+    """
     import faust
 
     from producers.publisher import KafkaPublisher
@@ -79,18 +86,42 @@ def faust_floor() -> None:
     samples = app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                         value_serializer="raw")
     seen = {"n": 0, "first": 0.0, "last": 0.0}
+    label = "drain loop only (callback bypassed)" if bypass else "no-op handler"
+
+    def count_batch(n: int) -> bool:
+        now = time.monotonic()
+        seen["first"] = seen["first"] or now
+        seen["n"] += n
+        seen["last"] = now
+        if seen["n"] < total:
+            return False
+        rate = (seen["n"] - BATCH) / max(1e-9, seen["last"] - seen["first"])
+        print(f"faust floor ({label}): {rate:,.0f} node-messages/s")
+        return True
 
     @app.agent(samples, concurrency=1)
     async def count(stream: Any) -> None:
         async for events in stream.take_events(BATCH, within=0.5):
-            now = time.monotonic()
-            seen["first"] = seen["first"] or now
-            seen["n"] += len(events)
-            seen["last"] = now
-            if seen["n"] >= total:
-                rate = (seen["n"] - BATCH) / max(1e-9, seen["last"] - seen["first"])
-                print(f"faust floor (no-op handler): {rate:,.0f} node-messages/s")
+            if count_batch(len(events)):
                 await app.stop()
+
+    if bypass:
+        original = app.consumer.callback
+        pending = {"n": 0}
+
+        async def on_message(message: Any) -> None:
+            if message.topic != name:
+                return await original(message)
+            pending["n"] += 1
+            if pending["n"] == BATCH or seen["n"] + pending["n"] >= total:
+                done = count_batch(pending["n"])
+                pending["n"] = 0
+                if done:
+                    # Stopping Faust from inside its own drain loop waits on that loop;
+                    # the measurement is printed, so leave without the shutdown.
+                    os._exit(0)
+
+        app.consumer.callback = on_message
 
     worker = faust.Worker(app, loglevel="warning", quiet=True)
     worker.execute_from_commandline()
@@ -98,5 +129,9 @@ def faust_floor() -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=["compute", "faust-floor"])
-    (compute if parser.parse_args().what == "compute" else faust_floor)()
+    parser.add_argument("what", choices=["compute", "faust-floor", "faust-drain"])
+    what = parser.parse_args().what
+    if what == "compute":
+        compute()
+    else:
+        faust_floor(bypass=what == "faust-drain")

@@ -128,6 +128,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
         # Faust flushed its producer before this signal; the checkpoints just written
         # must reach the changelog before the next owner recovers the table from it.
         await app.producer.flush()
+        await continuity.commit_processed()  # after the checkpoints: never ahead of them
 
     continuity = Continuity(app, samples_name, metrics)
 

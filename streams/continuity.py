@@ -12,7 +12,9 @@ Three hooks, all on the samples topic only:
   starts after the expected offset, the loss is counted and accepted;
 - Faust's ``Consumer._new_offset`` (what it would commit for a partition) is
   replaced for the samples topic by the guard's limit, and Faust's acknowledgement
-  lists are trimmed below it so they stay bounded.
+  lists are trimmed below it so they stay bounded; when partitions are revoked the
+  guard's limits are committed directly (``Consumer._commit``), since Faust drops a
+  revoked partition's acknowledgements before its last commit.
 
 The last hook uses private Faust attributes; faust-streaming is pinned exactly and
 `tests/streams/test_continuity.py` checks they exist on the installed version.
@@ -139,6 +141,19 @@ class Continuity:
         await self.app.consumer.seek_wait({TP(self.topic, partition): offset})
 
     # -- commits ---------------------------------------------------------------
+
+    async def commit_processed(self) -> None:
+        """Commit exactly what the detectors saw, for every anchored partition.
+
+        Called when partitions are revoked: Faust forgets a revoked partition's
+        acknowledgements before its own last commit, so without this the next owner
+        would start from the previous periodic commit and redo up to a commit
+        interval of samples (harmless duplicates, but wasted work in every rebalance).
+        """
+        offsets = {TP(self.topic, p): limit for p in self.guard.partitions()
+                   if (limit := self.guard.commit_limit(p))}
+        if offsets:
+            await self.app.consumer._commit(offsets)
 
     def on_assigned(self) -> None:
         """A new assignment: re-anchor everything; make sure commits are clamped."""

@@ -216,7 +216,7 @@ def main() -> int:
                 proc.kill()
         if started:
             print(f"=== stopping what the demo started: {', '.join(started)}", flush=True)
-            localstack.down(cfg)
+            localstack.down(cfg, only=started)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -353,10 +353,12 @@ def up(config: Config) -> None:
         _say("using external Redis from VIGIL_REDIS_URL")
 
 
-def down(config: Config) -> None:
-    """Stop the services this stack started (found by pid file)."""
+def down(config: Config, only: Iterable[str] | None = None) -> None:
+    """Stop the services this stack started (found by pid file); ``only`` those named."""
+    wanted = None if only is None else set(only)
     for name, svc in services(config).items():
-        _say(f"{name} stopped" if svc.stop() else f"{name} was not running")
+        if wanted is None or name in wanted:
+            _say(f"{name} stopped" if svc.stop() else f"{name} was not running")
 
 
 def status(config: Config) -> dict[str, str]:

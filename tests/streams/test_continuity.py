@@ -21,7 +21,7 @@ def _consumer() -> object:
 def test_the_private_faust_attributes_the_clamp_relies_on_exist() -> None:
     consumer = _consumer()
     for name in ("_new_offset", "_acked", "_acked_index", "_committed_offset",
-                 "_filter_committable_offsets"):
+                 "_filter_committable_offsets", "_commit"):
         assert hasattr(consumer, name), f"faust-streaming changed: {name} is gone"
 
 

@@ -30,3 +30,18 @@ def test_stale_pid_file_reads_as_down(tmp_path: Path) -> None:
     assert svc.pid() is None
     assert localstack.status(cfg)["redis"] == "down"
     assert svc.stop() is False and not svc.pidfile.exists()
+
+
+def test_down_only_stops_the_named_services(tmp_path: Path) -> None:
+    """The demo stops only what it started: a Redis that was already up keeps running."""
+    cfg = load(env={"VIGIL_LOCAL_DATA_DIR": str(tmp_path), "VIGIL_LOCAL_KAFKA_PORT": "1",
+                    "VIGIL_LOCAL_REDIS_PORT": "2"})
+    svcs = localstack.services(cfg)
+    pids = {name: svc.spawn(["sleep", "60"]) for name, svc in svcs.items()}
+    try:
+        localstack.down(cfg, only=["kafka"])
+        assert svcs["kafka"].pid() is None
+        assert svcs["redis"].pid() == pids["redis"]
+    finally:
+        localstack.down(cfg)
+    assert svcs["redis"].pid() is None
