@@ -184,7 +184,7 @@ def main() -> int:
                 done, last = now_done, time.monotonic()
         elapsed = last - (first or last) if first else 0.0
         rate = (total - first_count) / elapsed if elapsed > 0 else 0.0
-        alive = [port for port, w in zip(ports, workers) if w.poll() is None]
+        alive = [port for port, w in zip(ports, workers, strict=True) if w.poll() is None]
         offsets = {outcome: sum(_metric(port, "vigil_worker_offset_events", f'"{outcome}"')
                                 for port in alive)
                    for outcome in ("replayed", "gap", "refetch", "lost_to_retention")}

@@ -26,10 +26,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     """What to do with one message."""
 
     PROCESS = "process"        # the next offset: hand it to the detectors
