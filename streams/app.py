@@ -191,7 +191,12 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
 
     @app.timer(interval=1.0)
     async def watch_offsets() -> None:
-        await continuity.watch()
+        # An exception in a Faust timer ends the worker; an offset lookup that fails
+        # (broker away, group rebalancing) is simply tried again on the next tick.
+        try:
+            await continuity.watch()
+        except Exception as exc:
+            log.warning("offset watch failed, retrying in 1 s: %r", exc)
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:
