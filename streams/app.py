@@ -16,7 +16,10 @@ before they are dropped; a worker that takes over a partition starts from the la
 checkpoint (window data since then is missing for at most that many steps:
 the detectors treat it as no reading). Detections are sent before the
 checkpoint, so a crash can repeat a detection (same id and state: consumers and
-the alerter treat it as a duplicate) but never lose one. Faust's exactly-once
+the alerter treat it as a duplicate) but never lose one. The table lives in Faust's
+memory store, rebuilt from the compacted changelog at start (measured in
+bench/RESULTS.md "Table store"; Faust's RocksDB store cannot take writes made outside
+its per-event context, as these checkpoints are). Faust's exactly-once
 mode is not used: it is broken upstream (faust-streaming issues 517, 323, 440).
 """
 
