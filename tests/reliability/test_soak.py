@@ -226,16 +226,21 @@ def test_twice_the_worker_throughput_for_ten_minutes(isolated_env: dict[str, str
         done = _metric(port, "vigil_worker_samples")
         errors = _metric(port, "vigil_worker_batch_errors")
         dead = _metric(port, "vigil_worker_deadletters")
+        # one worker, no rebalance: the offset guard must find nothing to repair, even
+        # with the fetch position far ahead of processing the whole time
+        offset_events = _metric(port, "vigil_worker_offset_events")
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
     peak = max(r for _, r in rss)
     report = (f"offered {offered:,.0f}/s for {SOAK:.0f}s ({published:,} samples); processed "
               f"{done:,.0f}; drained {drained_after:.0f}s after the load stopped; worker RSS "
-              f"peak {peak:.0f} MB; max lag {max((v for _, v in lag), default=0):,.0f}")
+              f"peak {peak:.0f} MB; max lag {max((v for _, v in lag), default=0):,.0f}; "
+              f"offset guard events {offset_events:.0f}")
     print(report)
     (tmp_path / "soak.txt").write_text(report)
     assert done == published and errors == 0 and dead == 0, report
+    assert offset_events == 0, report
     assert offered >= 0.8 * RATE, report  # the load really was twice the worker's rate
     assert peak < 2048, report  # bounded: the backlog waits in Kafka, not in the worker
     late_rss = [r for t, r in rss if t > SOAK / 2]
