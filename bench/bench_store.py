@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from bench_agent import _peak_rss_mb
 from bench_worker import START, _cluster, _metric
 
 from contracts import topics
@@ -45,13 +46,6 @@ READY = b"[^Worker]: Ready"
 def _spawn(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker"], env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

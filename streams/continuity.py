@@ -23,7 +23,8 @@ The last hook uses private Faust attributes; faust-streaming is pinned exactly a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -49,23 +50,27 @@ class Continuity:
 
     # -- anchoring -----------------------------------------------------------
 
-    def _side_client(self) -> AIOKafkaConsumer:
-        """A consumer that only asks the group coordinator for offsets: it never joins."""
+    @asynccontextmanager
+    async def _side_client(self) -> AsyncIterator[AIOKafkaConsumer]:
+        """A started consumer that only asks for offsets: it never joins the group.
+
+        Used once per partition per assignment (and per hole), so a short-lived client
+        is cheaper than a long-lived one whose lifecycle Faust does not manage.
+        """
         conf = self.app.conf
-        return AIOKafkaConsumer(
+        client = AIOKafkaConsumer(
             bootstrap_servers=[f"{u.host}:{u.port or 9092}" for u in conf.broker],
             group_id=conf.id, enable_auto_commit=False, client_id=f"{conf.id}-offsets",
             **credentials_to_aiokafka_auth(conf.broker_credentials))
-
-    async def anchor(self, partitions: Iterable[int]) -> None:
-        """Anchor each partition at the group's committed offset (else the log start).
-
-        Runs once per partition per assignment, so a short-lived client is cheaper
-        than a long-lived one whose lifecycle Faust does not manage.
-        """
-        client = self._side_client()
         await client.start()
         try:
+            yield client
+        finally:
+            await client.stop()
+
+    async def anchor(self, partitions: Iterable[int]) -> None:
+        """Anchor each partition at the group's committed offset (else the log start)."""
+        async with self._side_client() as client:
             for partition in sorted(set(partitions)):
                 tp = TopicPartition(self.topic, partition)
                 committed = await client.committed(tp)
@@ -73,17 +78,11 @@ class Continuity:
                     committed = (await client.beginning_offsets([tp]))[tp]
                 self.guard.anchor(partition, committed)
                 log.info("samples partition %d anchored at offset %d", partition, committed)
-        finally:
-            await client.stop()
 
     async def _log_start(self, partition: int) -> int:
-        client = self._side_client()
-        await client.start()
-        try:
+        async with self._side_client() as client:
             tp = TopicPartition(self.topic, partition)
             return int((await client.beginning_offsets([tp]))[tp])
-        finally:
-            await client.stop()
 
     # -- per batch -----------------------------------------------------------
 

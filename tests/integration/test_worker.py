@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from kafka import KafkaConsumer
-from prometheus_client.parser import text_string_to_metric_families
 
 from contracts import topics
 from contracts.codec import decode_detection
@@ -25,6 +23,7 @@ from contracts.config import Config
 from producers.simulator import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
 from tests.integration.ports import free_port
+from tests.integration.scrape import metric
 
 pytestmark = pytest.mark.integration
 START = 1_850_000_000.0
@@ -141,15 +140,6 @@ def test_two_workers_split_jobs_and_each_job_has_one_author(
     assert len(set().union(*authors.values())) == 2, "one worker did all the work"
 
 
-def _metric(port: int, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
-
-
 @pytest.mark.parametrize("jump", ["2000", "end"])
 def test_a_block_faust_skips_is_read_again_and_nothing_is_committed_past_it(
         isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path, jump: str) -> None:
@@ -171,14 +161,14 @@ def test_a_block_faust_skips_is_read_again_and_nothing_is_committed_past_it(
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and worker.poll() is None:
             try:
-                if _metric(port, "vigil_worker_samples_total") >= len(samples):
+                if metric(port, "vigil_worker_samples_total") >= len(samples):
                     break
             except OSError:
                 pass
             time.sleep(0.5)
         time.sleep(2)  # anything beyond would be a double count
-        done = _metric(port, "vigil_worker_samples_total")
-        refetches = _metric(port, "vigil_worker_offset_events_total", outcome="refetch")
+        done = metric(port, "vigil_worker_samples_total")
+        refetches = metric(port, "vigil_worker_offset_events_total", outcome="refetch")
         dets = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(_firing(v)) >= 1, 60)
     finally:
         worker.send_signal(signal.SIGTERM)

@@ -12,7 +12,6 @@ import re
 import signal
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
 from tests.integration.kafka_helpers import start_worker
 from tests.integration.ports import free_port
+from tests.integration.scrape import metric
 from vigil.kafka_admin import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
@@ -122,12 +122,6 @@ def _finals(state: LiveState, channel: str) -> dict[str, dict[str, str]]:
             if e["channel"] == channel and e["result"] != "retry"}
 
 
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        return sum(float(line.split()[-1]) for line in resp.read().decode().splitlines()
-                   if line.split("{", 1)[0].split(" ", 1)[0] in (name, name + "_total"))
-
-
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -206,7 +200,7 @@ def test_twice_the_worker_throughput_for_ten_minutes(isolated_env: dict[str, str
 
     def probe(at: float) -> None:
         rss.append((at, _rss_mb(worker.pid)))
-        lag.append((at, _metric(port, "vigil_worker_lag_messages")))
+        lag.append((at, metric(port, "vigil_worker_lag_messages")))
 
     try:
         time.sleep(10)
@@ -217,18 +211,18 @@ def test_twice_the_worker_throughput_for_ten_minutes(isolated_env: dict[str, str
         deadline = time.monotonic() + 4 * SOAK
         while time.monotonic() < deadline:
             assert worker.poll() is None, "the worker crashed under load"
-            done = _metric(port, "vigil_worker_samples")
+            done = metric(port, "vigil_worker_samples")
             rss.append((time.monotonic() - t0, _rss_mb(worker.pid)))
             if done >= published:
                 break
             time.sleep(10)
         drained_after = time.monotonic() - t0 - SOAK
-        done = _metric(port, "vigil_worker_samples")
-        errors = _metric(port, "vigil_worker_batch_errors")
-        dead = _metric(port, "vigil_worker_deadletters")
+        done = metric(port, "vigil_worker_samples")
+        errors = metric(port, "vigil_worker_batch_errors")
+        dead = metric(port, "vigil_worker_deadletters")
         # one worker, no rebalance: the offset guard must find nothing to repair, even
         # with the fetch position far ahead of processing the whole time
-        offset_events = _metric(port, "vigil_worker_offset_events")
+        offset_events = metric(port, "vigil_worker_offset_events")
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
