@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_sampling.py
     .venv/bin/python bench/bench_sampling.py --trace recorded.jsonl   # a recorded trace
+    .venv/bin/python bench/bench_sampling.py --seed 2 --noise-sigmas 3  # sensitivity
 
 For every node-series the simulator produces, the sampler decides what to publish.
 Reported per job type: values read / values published (reduction), the peak
@@ -41,14 +42,15 @@ ONSET_METRIC = {"slow_gpu": ("sm_clock", "sm_active", "power"),
 Series = dict[tuple[str, str, str], list[tuple[float, float]]]
 
 
-def measure(samples: Iterable[dict[str, Any]],
-            seed: int = 1) -> tuple[AdaptiveSampler, Series, list[float]]:
-    """Offer every reading to the sampler; return it, what it published, and the peak
-    envelope errors of every meaningful 30 s window."""
-    sampler = AdaptiveSampler(SamplingConfig(), random.Random(seed))
+def measure(samples: Iterable[dict[str, Any]], seed: int = 1, origin: float | None = None,
+            cfg: SamplingConfig | None = None) -> tuple[AdaptiveSampler, Series, list[float]]:
+    """Offer every reading to the sampler; return it, what it published (times in
+    seconds after ``origin``, by default the first sample's), and the peak envelope
+    errors of every meaningful 30 s window."""
+    sampler = AdaptiveSampler(cfg or SamplingConfig(), random.Random(seed))
     full: Series = defaultdict(list)
     pub: Series = defaultdict(list)
-    start = None
+    start = origin
     for s in samples:
         start = s["ts"] if start is None else start
         t = s["ts"] - start
@@ -78,7 +80,8 @@ def measure(samples: Iterable[dict[str, Any]],
     return sampler, pub, errors
 
 
-def run(job_type: str, fault: str | None, seed: int = 1) -> dict[str, float]:
+def run(job_type: str, fault: str | None, seed: int = 1,
+        cfg: SamplingConfig | None = None) -> dict[str, float]:
     nodes = [f"n{i}" for i in range(4)]
     job = JobSpec("j", nodes, kind=job_type, events=[Event("warmup", START, START + 40),
                                                      Event("checkpoint", START + 200,
@@ -90,7 +93,7 @@ def run(job_type: str, fault: str | None, seed: int = 1) -> dict[str, float]:
         gpu = None if fault in ("hang", "network_phase", "slow_node", "nic_degraded") else "2"
         faults = [Fault(fault, "j", node, gpu, at, severity=79 if fault == "xid" else 1.3)]
     samples = Simulator(Cluster([job], faults), START, seed=seed).samples(300)
-    sampler, pub, errors = measure(samples, seed)
+    sampler, pub, errors = measure(samples, seed, origin=START, cfg=cfg)
     onset_ok = 1.0
     if fault and fault in ONSET_METRIC:
         onset_ok = 0.0
@@ -111,24 +114,37 @@ def run(job_type: str, fault: str | None, seed: int = 1) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trace", help="a recorded JSON-lines trace instead of the simulator")
+    parser.add_argument("--seed", type=int, default=1, help="simulator and jitter seed")
+    parser.add_argument("--noise-sigmas", type=float, default=SamplingConfig.noise_sigmas,
+                        help="the sampler's noise test (0: none, every >10%% wobble publishes)")
     args = parser.parse_args()
+    cfg = SamplingConfig(noise_sigmas=args.noise_sigmas)
     if args.trace:
         with open(args.trace, "rb") as fh:
-            sampler, _, errors = measure(decode_sample(line) for line in fh if line.strip())
+            sampler, _, errors = measure((decode_sample(line) for line in fh if line.strip()),
+                                         cfg=cfg)
         print(f"{args.trace}: reduction {sampler.read / max(1, sampler.published):.1f}x, "
               f"peak err p50 {statistics.median(errors):.1%} "
               f"p99 {sorted(errors)[int(0.99 * len(errors))]:.1%} ({len(errors)} windows)")
         return 0
     print(f"{'job type':14} {'fault':16} {'reduction':>9} {'peak err p50':>12} "
           f"{'p99':>6} {'onset<=1 tick':>13}")
+    rows = []
     for job_type in ("data_parallel", "pipeline", "moe"):
         for fault in (None, *ONSET_METRIC):
             if fault == "network_phase" and job_type != "moe":
                 continue
-            r = run(job_type, fault)
+            r = run(job_type, fault, args.seed, cfg)
+            rows.append((f"{job_type} {fault or 'healthy'}", r))
             print(f"{job_type:14} {fault or 'healthy':16} {r['read'] / r['published']:8.1f}x "
                   f"{r['p50_err']:11.1%} {r['p99_err']:6.1%} "
                   f"{'yes' if r['onset_ok'] else 'NO':>13}", flush=True)
+    least = min(rows, key=lambda row: row[1]["read"] / row[1]["published"])
+    worst = max(rows, key=lambda row: row[1]["p99_err"])
+    print(f"seed {args.seed}, noise_sigmas {args.noise_sigmas:g}: least reduction "
+          f"{least[1]['read'] / least[1]['published']:.1f}x ({least[0]}), worst p99 "
+          f"{worst[1]['p99_err']:.1%} ({worst[0]}), onsets "
+          f"{sum(int(r['onset_ok']) for _, r in rows)}/{len(rows)}")
     return 0
 
 

@@ -130,6 +130,9 @@ class DetectConfig:
     bin_seconds: float = 5.0
     window_seconds: float = 60.0
     grace_seconds: float = 5.0
+    # a metric the agent's adaptive sampling skipped keeps its last published value this
+    # long (must exceed agent.max_interval plus its jitter); then absent = no reading
+    held_seconds: float = 20.0
     fire_after: int = 2
     resolve_after: int = 4
     straggler_z: float = 4.0
@@ -207,6 +210,10 @@ class AgentConfig:
     base_interval: float = 1.0
     max_interval: float = 16.0
     adaptive: bool = True
+    peak_change: float = 0.10  # Moneo: the period's peak moved > 10 % of the collected peak
+    density_band: float = 0.10  # Moneo: readings within 10 % of the peak ...
+    density_min: float = 0.8  # ... must be at least 80 % of the period's readings
+    noise_sigmas: float = 2.5  # an immediate publish must beat the series' own noise
     buffer_capacity: int = 100_000
     spool_dir: str = ""  # overflow of the memory buffer to disk; empty = off
     spool_max_mb: int = 512
@@ -334,6 +341,10 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
         data.setdefault(section, {})[rest[len(section) + 1:]] = value
     config = Config(**{s: _section(hints[s], data.get(s, {}), s) for s in sections})
     _check_kafka_security(config.kafka)
+    if config.detect.held_seconds <= config.agent.max_interval:
+        raise ConfigError(f"detect.held_seconds {config.detect.held_seconds:g} must exceed "
+                          f"agent.max_interval {config.agent.max_interval:g}: a stable metric "
+                          "the agent publishes that rarely would otherwise read as missing")
     return config
 
 

@@ -1,8 +1,9 @@
 """One job's detection engine, driven in event time by the worker and by replay.
 
-``ingest`` folds a sample into the job's window and health state and returns the
-detections that must fire on that very sample (XID, ECC). ``advance`` evaluates
-every bin the watermark (latest event time minus the grace period) has closed,
+``ingest`` folds a sample into the job's window (window metrics the agent's adaptive
+sampling skipped are held at their last published value, ``detectors/held.py``) and
+health state and returns the detections that must fire on that very sample (XID, ECC).
+``advance`` evaluates every bin the watermark (latest event time minus the grace period) has closed,
 runs the window detectors and returns what the incident tracker decides to
 publish. Samples for bins already evaluated are late: counted, not used. The whole
 engine state is JSON-able so it can live in a Faust table.
@@ -18,6 +19,7 @@ from detectors import hang, links, network, straggler
 from detectors.findings import Finding
 from detectors.hang import HangParams, find_hang
 from detectors.health import HealthMonitor, HealthParams
+from detectors.held import HeldReadings
 from detectors.incidents import IncidentTracker
 from detectors.links import LinkParams, find_link_faults
 from detectors.network import NetworkParams, find_network_bound
@@ -40,6 +42,7 @@ class JobEngine:
         self.job = job
         self.cfg = cfg
         self.window = JobWindow(cfg.bin_seconds, state.get("window"), WINDOW_GPU, WINDOW_NIC)
+        self.held = HeldReadings(cfg.held_seconds, WINDOW_GPU, WINDOW_NIC, state.get("held"))
         self.tracker = IncidentTracker(job, cfg.fire_after, cfg.resolve_after,
                                        state.get("incidents"))
         self.health = HealthMonitor(HealthParams(cfg.throttle_seconds, cfg.missing_gpu_seconds,
@@ -58,7 +61,8 @@ class JobEngine:
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: window, health, open conditions, watermark bookkeeping."""
-        return {"window": self.window.to_state(), "incidents": self.tracker.to_state(),
+        return {"window": self.window.to_state(), "held": self.held.to_state(),
+                "incidents": self.tracker.to_state(),
                 "health": self.health.to_state(), "peer_memory": self.peer_memory,
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 
@@ -73,7 +77,7 @@ class JobEngine:
         elif b < self.next_bin:
             self.late += 1
             return []
-        self.window.add(sample)
+        self.window.add(self.held.fill(sample))
         self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts, sample["ts"])
         immediate = self.health.ingest(sample)
         if not immediate:
@@ -88,10 +92,13 @@ class JobEngine:
         out: list[dict[str, Any]] = []
         if closed - self.next_bin > self.window_bins:  # a long gap: skip empty history
             self.next_bin = closed - self.window_bins
+        if self.next_bin >= closed:
+            return out
         while self.next_bin < closed:
             out.extend(self._evaluate(self.next_bin))
             self.next_bin += 1
         self.window.drop_before(self.next_bin - self.window_bins)
+        self.held.forget_before(self.max_ts - self.cfg.held_seconds)
         return out
 
     def heat(self, metrics: tuple[str, ...]) -> dict[str, list[float | None]]:

@@ -77,12 +77,7 @@ class Agent:
               now: float) -> dict[str, float]:
         if self.sampler is None:
             return dict(metrics)
-        kept = {}
-        for name, value in metrics.items():
-            published = self.sampler.offer(scope, device, name, value, now)
-            if published is not None:
-                kept[name] = published
-        return kept
+        return self.sampler.keep(scope, device, metrics, now)
 
     def run(self, interval: float, stop: threading.Event) -> None:
         """Tick every ``interval`` seconds until ``stop`` is set (drift-free schedule)."""

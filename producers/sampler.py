@@ -8,7 +8,13 @@ it, or the readings are not dense around the peak (the share within
 at once; otherwise it doubles (plus a small random jitter) up to ``max_interval``.
 Between publishes, a reading that departs from the last published value by more
 than ``peak_change`` of the peak is published immediately (a fault's onset is never
-held back), and health signals (catalog ``health``: XID, ECC, link width and rate,
+held back) -- unless the series' own measurement noise explains the departure: a
+departure must also exceed ``noise_sigmas`` times the noise, estimated robustly from
+the median of the last ``NOISE_WINDOW`` reading-to-reading changes. This trigger is
+ours, not Moneo's (Moneo waits for the period's end); without the noise test a noisy
+series, such as PCIe traffic or a pipe that is nearly idle, would fire it on every
+third reading and never back off. Moneo's own criteria (peak change, density) are
+unchanged. Health signals (catalog ``health``: XID, ECC, link width and rate,
 throttle reasons) are published the moment they change.
 
 What is published for a period: the mean of its readings for ratios, rates and
@@ -19,6 +25,8 @@ counters and states. The clock is injected; nothing here sleeps.
 from __future__ import annotations
 
 import random
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from contracts.catalog import CATALOG, Kind, Metric, Scope
@@ -27,6 +35,12 @@ from contracts.catalog import CATALOG, Kind, Metric, Scope
 NOISE_FLOOR = {"ratio": 0.01, "W": 5.0, "°C": 1.0, "MHz": 15.0, "bytes": float(1 << 20),
                "bytes/s": 1e6, "Gb/s": 1.0, "ticks/s": 100.0}
 _BY_KEY = {(m.scope, m.name): m for m in CATALOG}
+# How many reading-to-reading changes estimate a series' noise, and how many are needed
+# before the estimate is used.
+NOISE_WINDOW = 32
+NOISE_MIN_CHANGES = 8
+# median |x[t] - x[t-1]| of independent Gaussian readings = 0.6745 * sqrt(2) * sigma
+_MEDIAN_CHANGE_PER_SIGMA = 0.6745 * 2 ** 0.5
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,18 @@ class SamplingConfig:
     density_band: float = 0.10
     density_min: float = 0.8
     jitter: float = 0.1  # of the base interval, added when the interval grows
+    noise_sigmas: float = 2.5  # an immediate publish must exceed this many noise sigmas
+
+    def __post_init__(self) -> None:
+        """Refuse settings that would make the sampler meaningless, naming the field."""
+        if not 0 < self.base_interval <= self.max_interval:
+            raise ValueError(f"base_interval {self.base_interval} and max_interval "
+                             f"{self.max_interval}: need 0 < base_interval <= max_interval")
+        for name in ("peak_change", "density_band", "density_min"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)}: must be between 0 and 1")
+        if self.noise_sigmas < 0 or self.jitter < 0:
+            raise ValueError("noise_sigmas and jitter cannot be negative")
 
 
 @dataclass
@@ -48,6 +74,8 @@ class _Series:
     readings: list[float] = field(default_factory=list)
     peak: float | None = None  # historical collected peak
     last_published: float | None = None
+    previous: float | None = None  # the last reading, published or not
+    changes: deque[float] = field(default_factory=lambda: deque(maxlen=NOISE_WINDOW))
 
 
 class AdaptiveSampler:
@@ -71,15 +99,30 @@ class AdaptiveSampler:
         s = self._series.get(key)
         if s is None:
             s = self._series[key] = _Series(self.cfg.base_interval, now)
-        s.readings.append(value)
         if metric.health or metric.kind in (Kind.STATE, Kind.COUNTER):
+            s.readings.append(value)
             return self._health(s, value, now)
-        if s.last_published is not None and self._departs(metric, s, value):
+        departs = s.last_published is not None and self._departs(metric, s, value)
+        if s.previous is not None:
+            s.changes.append(abs(value - s.previous))
+        s.previous = value
+        s.readings.append(value)
+        if departs:
             s.readings = [value]  # the held readings were stable: the step itself matters
             return self._publish(s, metric, now, reset=True)
         if now + 1e-9 >= s.due:
             return self._publish(s, metric, now, reset=self._unstable(metric, s))
         return None
+
+    def keep(self, scope: Scope, device: str, metrics: dict[str, float],
+             now: float) -> dict[str, float]:
+        """Offer one device's readings; return the ones to publish now."""
+        kept = {}
+        for name, value in metrics.items():
+            published = self.offer(scope, device, name, value, now)
+            if published is not None:
+                kept[name] = published
+        return kept
 
     def _health(self, s: _Series, value: float, now: float) -> float | None:
         changed = s.last_published is None or value != s.last_published
@@ -99,7 +142,19 @@ class AdaptiveSampler:
 
     def _departs(self, metric: Metric, s: _Series, value: float) -> bool:
         assert s.last_published is not None
-        return abs(value - s.last_published) > self._scale(metric, s)
+        step = abs(value - s.last_published)
+        if step <= self._scale(metric, s):
+            return False
+        return step > self.cfg.noise_sigmas * self.noise(s)
+
+    @staticmethod
+    def noise(s: _Series) -> float:
+        """The series' measurement noise (sigma), from its recent reading-to-reading
+        changes; 0 until there are enough of them. The median keeps a real step or
+        a burst of dips from inflating it."""
+        if len(s.changes) < NOISE_MIN_CHANGES:
+            return 0.0
+        return statistics.median(s.changes) / _MEDIAN_CHANGE_PER_SIGMA
 
     def _unstable(self, metric: Metric, s: _Series) -> bool:
         peak = max(s.readings)
@@ -123,6 +178,11 @@ class AdaptiveSampler:
         s.due = now + s.interval
         self.published += 1
         return value
+
+    def noise_of(self, scope: Scope, device: str, name: str) -> float | None:
+        """The current noise estimate of one series (for tests and diagnosis)."""
+        s = self._series.get((scope, device, name))
+        return self.noise(s) if s else None
 
     def interval(self, scope: Scope, device: str, name: str) -> float | None:
         """The current publishing interval of one series (for meta and tests)."""

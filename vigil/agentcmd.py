@@ -157,14 +157,23 @@ def build_attribution(cfg: Config, job: str | None = None) -> Callable[[], str]:
     return StaticJob(job if job is not None else a.job)
 
 
+def sampling_config(cfg: Config) -> SamplingConfig:
+    """The agent section's adaptive-sampling settings, refused with the key at fault."""
+    a = cfg.agent
+    try:
+        return SamplingConfig(a.base_interval, a.max_interval, a.peak_change, a.density_band,
+                              a.density_min, noise_sigmas=a.noise_sigmas)
+    except ValueError as exc:
+        raise ConfigError(f"agent: {exc}") from None
+
+
 def run(cfg: Config, args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM/SIGINT (or ``--ticks``); flush the buffer on the way out."""
     a = cfg.agent
     names = [n.strip() for n in (args.sources or a.sources).split(",") if n.strip()]
     sources = build_sources(cfg, names, args.trace)
     job_of = build_attribution(cfg, args.job)
-    sampler = AdaptiveSampler(SamplingConfig(a.base_interval, a.max_interval)) \
-        if a.adaptive else None
+    sampler = AdaptiveSampler(sampling_config(cfg)) if a.adaptive else None
     if args.out:
         sink: Any = JsonLinesSink(args.out)
     else:

@@ -110,7 +110,9 @@ def _bench(cfg: Config, args: argparse.Namespace) -> int:
         from vigil import benchdetect
         sizes = tuple(int(x) for x in args.sizes.split(","))
         seeds = tuple(int(x) for x in args.seeds.split(","))
-        return benchdetect.main(sizes, seeds, args.json, args.verbose_results)
+        from vigil.agentcmd import sampling_config
+        sampling = sampling_config(cfg) if args.adaptive else None
+        return benchdetect.main(sizes, seeds, args.json, args.verbose_results, sampling)
     raise AssertionError(args.what)
 
 
@@ -176,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="also write the figures here")
     bench.add_argument("--list", dest="verbose_results", action="store_true",
                        help="list every miss and false alarm")
+    bench.add_argument("--adaptive", action="store_true",
+                       help="Vigil sees what agents publish with [agent] adaptive sampling")
 
     al = add("alerter", _alerter, "consume detections into Redis live state")
     al.add_argument("--max-seconds", type=float, default=None, help="stop after this long")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,3 +69,38 @@ def test_health_signals_publish_on_change_and_back_off_while_quiet() -> None:
 def test_unknown_metric_is_never_published() -> None:
     sampler = AdaptiveSampler(CFG)
     assert sampler.offer(Scope.GPU, "0", "cmdline_length", 1.0, 0.0) is None
+
+
+def test_noise_estimate_recovers_the_sigma_of_gaussian_readings() -> None:
+    estimates = []
+    for seed in range(40):
+        rng = random.Random(seed)
+        sampler = AdaptiveSampler(CFG, random.Random(0))
+        for t in range(64):
+            sampler.offer(Scope.GPU, "0", "sm_active", 0.5 + rng.gauss(0, 0.02), float(t))
+        estimates.append(sampler.noise_of(Scope.GPU, "0", "sm_active"))
+    assert abs(sum(estimates) / len(estimates) - 0.02) < 0.002  # unbiased within 10 %
+
+
+def test_noise_is_not_a_departure_but_a_step_beyond_it_still_is() -> None:
+    """A series whose noise is as large as Moneo's 10 % band: with the noise test it
+    publishes fewer values than without (noise_sigmas=0, every >10 % wobble fires), and
+    a real drop is still published on the reading that carries it."""
+    rng = random.Random(7)
+    values = [0.3 + rng.gauss(0, 0.03) for _ in range(400)] + [0.05] * 20
+    counts = {}
+    for sigmas in (0.0, CFG.noise_sigmas):
+        sampler = AdaptiveSampler(replace(CFG, noise_sigmas=sigmas), random.Random(0))
+        published = [t for t, v in enumerate(values)
+                     if sampler.offer(Scope.GPU, "0", "sm_active", v, float(t)) is not None]
+        assert 400 in published
+        counts[sigmas] = sum(1 for t in published if t < 400)
+    assert counts[CFG.noise_sigmas] < 0.8 * counts[0.0]
+
+
+@pytest.mark.parametrize("bad", [dict(peak_change=0.0), dict(density_min=1.5),
+                                 dict(density_band=-0.1), dict(base_interval=0.0),
+                                 dict(base_interval=32.0), dict(noise_sigmas=-1.0)])
+def test_impossible_settings_are_refused_by_name(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingConfig(**bad)

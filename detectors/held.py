@@ -1,0 +1,75 @@
+"""Readings the agent's adaptive sampling skipped, held at their last published value.
+
+Moneo's adaptive sampling (``producers/sampler.py``) publishes a stable metric only
+every few seconds, up to the agent's ``max_interval``; in between, the node's samples
+simply lack it. Binned as they arrive, such a metric would leave most bins empty and a
+steady straggler would look like a GPU with no readings. So before a sample is
+windowed, every window metric it lacks for a device it *does* report takes that
+device's last published value, if that value is at most ``hold_seconds`` old. Beyond
+that, absence means "no reading" again, as the contract says. A device missing from
+the sample altogether (a GPU that fell off the bus) gets nothing held, and a node
+that stops sending gets nothing either: holding never hides a silent node or GPU.
+Only windowed metrics are held: per-sample signals (XID, throttle) reach the health
+monitor exactly as sent, so one XID is never repeated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# node → section ("g" GPUs, "n" NICs) → device → metric → [value, event time]
+HeldState = dict[str, dict[str, dict[str, dict[str, list[float]]]]]
+_SECTIONS = (("g", "gpus"), ("n", "nics"))
+
+
+class HeldReadings:
+    """Last published window metrics per node and device; JSON-able for the table."""
+
+    def __init__(self, hold_seconds: float, gpu_metrics: tuple[str, ...],
+                 nic_metrics: tuple[str, ...], state: HeldState | None = None) -> None:
+        self.hold_seconds = hold_seconds
+        self._wanted = {"g": frozenset(gpu_metrics), "n": frozenset(nic_metrics)}
+        self.state: HeldState = state if state is not None else {}
+
+    def to_state(self) -> HeldState:
+        """The held values, for a checkpoint."""
+        return self.state
+
+    def fill(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """``sample`` with the held values of the window metrics it lacks (a new dict;
+        the input is not changed). Newer readings replace held ones."""
+        ts = sample["ts"]
+        mine = self.state.setdefault(sample["node"], {"g": {}, "n": {}})
+        out = dict(sample)
+        for section, key in _SECTIONS:
+            wanted = self._wanted[section]
+            devices = {}
+            for dev, readings in sample[key].items():
+                held = mine[section].setdefault(dev, {})
+                for name, value in readings.items():
+                    if name in wanted and (name not in held or ts >= held[name][1]):
+                        held[name] = [value, ts]
+                merged = readings
+                for name, (value, at) in held.items():
+                    if name not in readings and 0.0 <= ts - at <= self.hold_seconds:
+                        if merged is readings:
+                            merged = dict(readings)
+                        merged[name] = value
+                devices[dev] = merged
+            out[key] = devices
+        return out
+
+    def forget_before(self, ts: float) -> None:
+        """Drop values published before ``ts`` (they can no longer be held), and the
+        devices and nodes left with none: memory stays bounded as nodes come and go."""
+        for node in list(self.state):
+            sections = self.state[node]
+            for devices in sections.values():
+                for dev in list(devices):
+                    held = devices[dev]
+                    for name in [n for n, (_, at) in held.items() if at < ts]:
+                        del held[name]
+                    if not held:
+                        del devices[dev]
+            if not any(sections.values()):
+                del self.state[node]

@@ -1,0 +1,87 @@
+"""Window metrics the agent's adaptive sampling skipped are held at their last value."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from contracts.config import DetectConfig
+from detectors.engine import ReplayRunner
+from detectors.held import HeldReadings
+from producers.sampler import AdaptiveSampler, SamplingConfig
+from producers.simulator import Simulator
+from vigil.benchdetect import thin
+from vigil.scenarios import suite
+
+
+def _sample(ts: float, gpus: dict[str, dict[str, float]], node: str = "n1") -> dict[str, Any]:
+    return {"schema": "vigil.sample/1", "ts": ts, "job": "j", "node": node, "gpus": gpus,
+            "host": {}, "nics": {}}
+
+
+def _held() -> HeldReadings:
+    return HeldReadings(20.0, ("sm_active", "power"), ("ib_tx",))
+
+
+def test_a_skipped_metric_takes_its_last_value_until_the_hold_ends() -> None:
+    held = _held()
+    held.fill(_sample(100.0, {"0": {"sm_active": 0.6, "power": 400.0}}))
+    quiet = _sample(110.0, {"0": {"power": 410.0}})
+    original = copy.deepcopy(quiet)
+    assert held.fill(quiet)["gpus"]["0"] == {"power": 410.0, "sm_active": 0.6}
+    assert quiet == original  # the input is not changed
+    assert held.fill(_sample(121.0, {"0": {}}))["gpus"]["0"] == {"power": 410.0}
+    assert held.fill(_sample(131.0, {"0": {}}))["gpus"]["0"] == {}
+
+
+def test_a_device_or_node_that_stops_answering_gets_nothing_held() -> None:
+    held = _held()
+    held.fill(_sample(100.0, {"0": {"sm_active": 0.6}, "1": {"sm_active": 0.6}}))
+    assert held.fill(_sample(101.0, {"0": {}}))["gpus"] == {"0": {"sm_active": 0.6}}
+    other = held.fill(_sample(101.0, {"0": {}}, node="n2"))
+    assert other["gpus"] == {"0": {}}
+
+
+def test_per_sample_signals_are_never_repeated() -> None:
+    held = _held()
+    held.fill(_sample(100.0, {"0": {"sm_active": 0.6, "xid": 79.0, "throttle": 64.0}}))
+    assert held.fill(_sample(101.0, {"0": {}}))["gpus"]["0"] == {"sm_active": 0.6}
+
+
+def test_a_late_older_reading_does_not_replace_a_newer_one() -> None:
+    held = _held()
+    held.fill(_sample(105.0, {"0": {"sm_active": 0.2}}))
+    held.fill(_sample(103.0, {"0": {"sm_active": 0.6}}))
+    assert held.fill(_sample(106.0, {"0": {}}))["gpus"]["0"] == {"sm_active": 0.2}
+
+
+def test_forgetting_keeps_memory_bounded_as_nodes_leave() -> None:
+    held = _held()
+    for i in range(50):
+        held.fill(_sample(100.0 + i, {"0": {"sm_active": 0.5}}, node=f"n{i}"))
+    held.forget_before(140.0)
+    assert sorted(held.state) == [f"n{i}" for i in range(40, 50)]
+    assert json.loads(json.dumps(held.to_state())) == held.to_state()
+
+
+SLOW_GPU = suite(sizes=(4,), seeds=(1,), job_types=("data_parallel",), faults=("slow_gpu",))[0]
+
+
+def _detections(held_seconds: float) -> list[dict[str, Any]]:
+    runner = ReplayRunner(DetectConfig(held_seconds=held_seconds))
+    samplers: dict[str, AdaptiveSampler] = {}
+    out = []
+    sc = SLOW_GPU
+    for sample in Simulator(sc.cluster, sc.start, seed=sc.seed).samples(sc.duration):
+        sampler = samplers.setdefault(sample["node"], AdaptiveSampler(SamplingConfig()))
+        out.extend(runner.feed(thin(sample, sampler)))
+    return [d for d in out if d["state"] == "firing"]
+
+
+def test_a_steady_straggler_is_found_in_adaptively_sampled_data_because_of_the_hold() -> None:
+    fault = SLOW_GPU.cluster.faults[0]
+    found = _detections(DetectConfig().held_seconds)
+    assert [(d["kind"], d["node"], d["gpu"]) for d in found] == [
+        ("straggler", fault.node, fault.gpu)]
+    assert not [d for d in _detections(0.5) if d["kind"] == "straggler"]
