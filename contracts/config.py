@@ -131,8 +131,9 @@ class DetectConfig:
     window_seconds: float = 60.0
     grace_seconds: float = 5.0
     # a metric the agent's adaptive sampling skipped keeps its last published value this
-    # long (must exceed agent.max_interval plus its jitter); then absent = no reading
-    held_seconds: float = 20.0
+    # long, then absent = no reading. Must exceed agent.max_interval; the default is two
+    # of its 16 s intervals plus a margin, so one lost sample does not empty the bins
+    held_seconds: float = 35.0
     fire_after: int = 2
     resolve_after: int = 4
     straggler_z: float = 4.0

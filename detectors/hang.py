@@ -39,7 +39,9 @@ def hung_bins(view: WindowView) -> np.ndarray:
     """Boolean per bin: the job shows the hang signature."""
     sm, util = view.gpu("sm_active"), view.gpu("gpu_util")
     mem, nvl = view.gpu("mem_used"), view.gpu("nvlink_tx")
-    reporting = ~np.isnan(sm)
+    # a GPU counts where both signature readings exist: one whose utilisation reading is
+    # missing in a bin (a lost sample, a hold that ran out) neither confirms nor vetoes
+    reporting = ~np.isnan(sm) & ~np.isnan(util)
     with np.errstate(invalid="ignore"):
         spinning = (sm < SPIN_SM_ACTIVE) & (util > SPIN_UTIL) & ~(mem < ALLOCATED)
     count = np.sum(reporting, axis=0)

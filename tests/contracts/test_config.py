@@ -45,7 +45,7 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
           "VIGIL_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512"}, "sasl_username and"),
     ("", {"VIGIL_KAFKA_SECURITY_PROTOCOL": "SSL", "VIGIL_KAFKA_SSL_CAFILE": "/nope/ca.pem"},
      "is not a file"),
-    ("[agent]\nmax_interval = 32.0\n", {}, "detect.held_seconds 20 must exceed"),
+    ("[agent]\nmax_interval = 64.0\n", {}, "detect.held_seconds 35 must exceed"),
 ])
 def test_errors_say_what_is_wrong(tmp_path: Path, text: str, env: dict[str, str],
                                   match: str) -> None:

@@ -79,6 +79,20 @@ def test_hang_is_job_level_and_critical() -> None:
     assert 0 < dets[0]["detected_at"] - fault.start <= 30 and dets[0]["severity"] == "critical"
 
 
+def test_a_gpu_missing_its_utilisation_reading_does_not_veto_a_hang() -> None:
+    """One node never reports gpu_util (its readings lost, or longer gaps than the
+    hold covers): its GPUs neither confirm nor veto the signature."""
+    dets, samples, fault = _run("hang")
+    at = next(d["detected_at"] for d in dets if d["kind"] == "hang")
+    for s in samples:
+        if s["node"] == "n1":
+            for gpu in s["gpus"].values():
+                gpu.pop("gpu_util", None)
+    runner = ReplayRunner(DetectConfig())
+    gapped = [d for s in samples for d in runner.feed(s) if d["kind"] == "hang"]
+    assert gapped and gapped[0]["detected_at"] == at
+
+
 def test_checkpoint_and_evaluation_pauses_are_not_hangs() -> None:
     events = [Event("checkpoint", START + 40, START + 100), Event("eval", START + 110,
                                                                   START + 170)]
