@@ -61,8 +61,8 @@ class SamplingConfig:
             raise ValueError(f"base_interval {self.base_interval} and max_interval "
                              f"{self.max_interval}: need 0 < base_interval <= max_interval")
         for name in ("peak_change", "density_band", "density_min"):
-            if not 0 < getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)}: must be between 0 and 1")
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} {getattr(self, name)}: must be in (0, 1]")
         if self.noise_sigmas < 0 or self.jitter < 0:
             raise ValueError("noise_sigmas and jitter cannot be negative")
 
