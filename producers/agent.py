@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from contracts import SAMPLE_SCHEMA
-from contracts.catalog import Scope
 from producers.reading import Reading, Source
 from producers.sampler import AdaptiveSampler
 
@@ -59,12 +58,13 @@ class Agent:
         sample = {
             "schema": SAMPLE_SCHEMA, "ts": round(self.wall(), 3), "job": self.job_of(),
             "node": self.node,
-            "gpus": {g: self._keep(Scope.GPU, g, m, now) for g, m in reading.gpus.items()},
-            "host": self._keep(Scope.HOST, "host", reading.host, now),
-            "nics": {n: self._keep(Scope.NIC, n, m, now) for n, m in reading.nics.items()},
+            "gpus": {g: dict(m) for g, m in reading.gpus.items()}, "host": dict(reading.host),
+            "nics": {n: dict(m) for n, m in reading.nics.items()},
             "meta": {"agent": AGENT_VERSION, **{k: v for k, v in reading.meta.items()
                                                  if k in ("gpu_models", "gpu_uuids")}},
         }
+        if self.sampler is not None:
+            sample = self.sampler.thin(sample, now)
         try:
             self.sink.publish(sample)
         except Exception as exc:  # a sample the contract refuses: count it, go on
@@ -72,12 +72,6 @@ class Agent:
             log.warning("sample not published: %s", exc)
         self.ticks += 1
         return sample
-
-    def _keep(self, scope: Scope, device: str, metrics: dict[str, float],
-              now: float) -> dict[str, float]:
-        if self.sampler is None:
-            return dict(metrics)
-        return self.sampler.keep(scope, device, metrics, now)
 
     def run(self, interval: float, stop: threading.Event) -> None:
         """Tick every ``interval`` seconds until ``stop`` is set (drift-free schedule)."""

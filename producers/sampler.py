@@ -28,6 +28,7 @@ import random
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from contracts.catalog import CATALOG, Kind, Metric, Scope
 
@@ -114,9 +115,17 @@ class AdaptiveSampler:
             return self._publish(s, metric, now, reset=self._unstable(metric, s))
         return None
 
-    def keep(self, scope: Scope, device: str, metrics: dict[str, float],
-             now: float) -> dict[str, float]:
-        """Offer one device's readings; return the ones to publish now."""
+    def thin(self, sample: dict[str, Any], now: float) -> dict[str, Any]:
+        """A full-rate sample as the agent publishes it: every reading offered at
+        ``now`` (the sampler's clock), only those to publish now kept. One sampler
+        per node: series are keyed by device, not by node."""
+        return {**sample,
+                "gpus": {g: self._keep(Scope.GPU, g, m, now) for g, m in sample["gpus"].items()},
+                "host": self._keep(Scope.HOST, "host", sample["host"], now),
+                "nics": {n: self._keep(Scope.NIC, n, m, now) for n, m in sample["nics"].items()}}
+
+    def _keep(self, scope: Scope, device: str, metrics: dict[str, float],
+              now: float) -> dict[str, float]:
         kept = {}
         for name, value in metrics.items():
             published = self.offer(scope, device, name, value, now)

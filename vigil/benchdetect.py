@@ -10,7 +10,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.catalog import Scope
 from contracts.config import DetectConfig
 from detectors.baseline import StaticRules
 from detectors.engine import ReplayRunner
@@ -91,16 +90,6 @@ class Tally:
         return rows
 
 
-def thin(sample: dict[str, Any], sampler: AdaptiveSampler) -> dict[str, Any]:
-    """What the node agent would publish of a full-rate sample: only the values its
-    adaptive sampler (one per node) lets through at the sample's time."""
-    now = sample["ts"]
-    return {**sample,
-            "gpus": {g: sampler.keep(Scope.GPU, g, m, now) for g, m in sample["gpus"].items()},
-            "host": sampler.keep(Scope.HOST, "host", sample["host"], now),
-            "nics": {n: sampler.keep(Scope.NIC, n, m, now) for n, m in sample["nics"].items()}}
-
-
 def run_suite(scenarios: list[Scenario], cfg: DetectConfig,
               sampling: SamplingConfig | None = None) -> tuple[Tally, Tally, dict[str, float]]:
     """Score Vigil and the baseline on every scenario; also time Vigil's detectors.
@@ -120,7 +109,7 @@ def run_suite(scenarios: list[Scenario], cfg: DetectConfig,
             seen = sample
             if sampling is not None:
                 sampler = samplers.setdefault(sample["node"], AdaptiveSampler(sampling))
-                seen = thin(sample, sampler)
+                seen = sampler.thin(sample, sample["ts"])
             t0 = time.process_time()
             vigil_dets.extend(runner.feed(seen))
             cpu += time.process_time() - t0

@@ -11,7 +11,6 @@ from detectors.engine import ReplayRunner
 from detectors.held import HeldReadings
 from producers.sampler import AdaptiveSampler, SamplingConfig
 from producers.simulator import Simulator
-from vigil.benchdetect import thin
 from vigil.scenarios import suite
 
 
@@ -75,7 +74,7 @@ def _detections(held_seconds: float) -> list[dict[str, Any]]:
     sc = SLOW_GPU
     for sample in Simulator(sc.cluster, sc.start, seed=sc.seed).samples(sc.duration):
         sampler = samplers.setdefault(sample["node"], AdaptiveSampler(SamplingConfig()))
-        out.extend(runner.feed(thin(sample, sampler)))
+        out.extend(runner.feed(sampler.thin(sample, sample["ts"])))
     return [d for d in out if d["state"] == "firing"]
 
 
