@@ -2,7 +2,10 @@
 
 - XID errors are classified (replace the GPU, reset it, the application's fault, or
   investigate) and fire on the sample that carries them.
-- A rise of the volatile double-bit ECC counter fires on its sample too.
+- A rise of the volatile double-bit ECC counter fires on its sample too. The first
+  count seen of a GPU is its baseline, not news: the counter holds every error since
+  the driver loaded, so a count already there when a GPU joins a job, or when an agent
+  or exporter starts, is history.
 - Thermal / hardware slowdown clock-event reasons held for ``throttle_seconds``.
 - A GPU that stops appearing in its node's samples while the node still reports.
 - ``node_silent``: a node of the job stops reporting for ``silent_seconds`` while
@@ -91,7 +94,9 @@ class HealthMonitor:
                 out.append(self._event_finding(node, gpu, g))
             dbe = r.get("ecc_dbe")
             if dbe is not None:
-                if dbe > g.get("dbe", 0.0) and not (g.get("event", {}).get("ts") == ts):
+                # the first count seen of a GPU is its baseline: errors from before Vigil
+                # watched it (volatile counts live until the driver reloads) are history
+                if dbe > g.get("dbe", dbe) and not (g.get("event", {}).get("ts") == ts):
                     g["event"] = {"ts": ts, "metric": "ecc_dbe", "severity": "critical",
                                   "text": f"double-bit ECC errors rose to {dbe:.0f}: "
                                           f"{ACTION_ADVICE['replace']}", "action": "replace"}

@@ -22,6 +22,9 @@ from producers.sampler import AdaptiveSampler
 
 log = logging.getLogger(__name__)
 AGENT_VERSION = "vigil-agent/0.1"
+# What a source may put in a sample's meta: identities, and XIDs from before the agent
+# watched (context for a person, never an event).
+META_KEYS = ("gpu_models", "gpu_uuids", "xid_history")
 
 
 class Sink(Protocol):
@@ -61,7 +64,7 @@ class Agent:
             "gpus": {g: dict(m) for g, m in reading.gpus.items()}, "host": dict(reading.host),
             "nics": {n: dict(m) for n, m in reading.nics.items()},
             "meta": {"agent": AGENT_VERSION, **{k: v for k, v in reading.meta.items()
-                                                 if k in ("gpu_models", "gpu_uuids")}},
+                                                 if k in META_KEYS}},
         }
         if self.sampler is not None:
             sample = self.sampler.thin(sample, now)

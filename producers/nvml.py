@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any
 
 from producers.reading import Reading
+from producers.xid import PendingXids
 
 log = logging.getLogger(__name__)
 KIB = 1024.0
@@ -90,6 +91,7 @@ class NvmlSource:
                         is not None:
                     self.gpm[key] = sample
         self._nvlink_prev: dict[str, tuple[float, float, float]] = {}
+        self.pending = PendingXids()
 
     def call(self, name: str, *args: Any) -> Any:
         """The choke point: an NVML call, or None (counted) when NVML says no."""
@@ -107,8 +109,9 @@ class NvmlSource:
             if len(metrics) > 1:  # only "xid": the GPU stopped answering, so it is absent
                 reading.gpus[key] = metrics
         for key, xid in self._xid_events():
-            if key in reading.gpus:
-                reading.gpus[key]["xid"] = float(xid)
+            self.pending.push(key, xid)
+        for key, metrics in reading.gpus.items():  # one XID a tick; the rest wait their turn
+            metrics["xid"] = float(self.pending.pop(key))
         return reading
 
     def _device(self, key: str, h: Any, now: float) -> dict[str, float]:
@@ -136,7 +139,7 @@ class NvmlSource:
         memory = self.call("nvmlDeviceGetMemoryInfo", h)
         if memory is not None:
             out["mem_used"] = float(memory.used)
-        out["xid"] = 0.0
+        out["xid"] = 0.0  # set in ``read`` from the event queue
         if key in self.gpm:
             out.update(self._gpm(key, h))
         elif self.pcie_throughput:  # pre-Hopper: PCIe from the (blocking) counter

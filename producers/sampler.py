@@ -15,7 +15,8 @@ ours, not Moneo's (Moneo waits for the period's end); without the noise test a n
 series, such as PCIe traffic or a pipe that is nearly idle, would fire it on every
 third reading and never back off. Moneo's own criteria (peak change, density) are
 unchanged. Health signals (catalog ``health``: XID, ECC, link width and rate,
-throttle reasons) are published the moment they change.
+throttle reasons) are published the moment they change, and a non-zero XID, which
+is one event rather than a state, every time it is read.
 
 What is published for a period: the mean of its readings for ratios, rates and
 gauges (the contract's "averaged over the sample interval"), the latest reading for
@@ -102,7 +103,7 @@ class AdaptiveSampler:
             s = self._series[key] = _Series(self.cfg.base_interval, now)
         if metric.health or metric.kind in (Kind.STATE, Kind.COUNTER):
             s.readings.append(value)
-            return self._health(s, value, now)
+            return self._health(s, value, now, event=name == "xid" and value != 0)
         departs = s.last_published is not None and self._departs(metric, s, value)
         if s.previous is not None:
             s.changes.append(abs(value - s.previous))
@@ -133,8 +134,10 @@ class AdaptiveSampler:
                 kept[name] = published
         return kept
 
-    def _health(self, s: _Series, value: float, now: float) -> float | None:
-        changed = s.last_published is None or value != s.last_published
+    def _health(self, s: _Series, value: float, now: float, event: bool) -> float | None:
+        """A health state is published when it changes; an ``event`` (a non-zero XID:
+        one new error, even with the code of the last one) whenever it is read."""
+        changed = event or s.last_published is None or value != s.last_published
         if changed or now + 1e-9 >= s.due:
             s.readings.clear()
             s.last_published = value

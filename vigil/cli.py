@@ -213,16 +213,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Long-running services: their INFO logs (their own and their clients') are their record.
+DAEMONS = frozenset({"agent", "worker", "alerter"})
+OWN_PACKAGES = ("vigil", "contracts", "producers", "detectors", "streams", "alerting")
+# command → the extra that brings its dependencies (pyproject.toml)
+EXTRA_OF = {"agent": "agent", "worker": "worker", "alerter": "alerter", "alerts": "alerter",
+            "top": "alerter", "silence": "alerter", "ack": "alerter", "actions": "alerter"}
+
+
+def configure_logging(command: str, verbose: bool) -> None:
+    """Daemons log at INFO. Commands a person runs at a terminal show Vigil's own INFO
+    lines but only warnings from client libraries (kafka, aiokafka, redis…), whose INFO
+    chatter about connections is noise there; ``-v`` shows everything at DEBUG."""
+    if verbose:
+        level = logging.DEBUG
+    else:
+        level = logging.INFO if command in DAEMONS else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
+    own_level = logging.INFO if level == logging.WARNING else logging.NOTSET
+    for own in OWN_PACKAGES:
+        logging.getLogger(own).setLevel(own_level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vigil` console script."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.command, args.verbose)
     try:
         cfg = config_mod.load(args.config)
         return int(args.handler(cfg, args))
     except VigilError as exc:
         print(f"vigil: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] in OWN_PACKAGES:
+            raise  # our own code is broken, not the install
+        extra = EXTRA_OF.get(args.command, "report")
+        print(f"vigil: error: `vigil {args.command}` needs {exc.name!r}, which this install "
+              f"lacks: pip install 'vigil[{extra}]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from alerting.router import Route, Router
 from alerting.silences import SilenceStore
 from contracts.config import Config
 from tests.alerting.test_delivery import det
+
+pytestmark = pytest.mark.integration
 
 
 def _router(cfg: Config, **kw: float) -> Router:

@@ -69,3 +69,12 @@ def test_a_lost_gpu_is_absent_and_xid_reaches_the_right_gpu() -> None:
     fake.lose_gpu(1)
     assert "11" not in source.read(3.0).gpus and source.errors["NVMLError_GpuIsLost"] > 0
     source.close()
+
+
+def test_several_xids_in_one_tick_are_published_one_a_tick_none_overwritten() -> None:
+    fake = FakeNvml(gpus=2)
+    source = NvmlSource(fake)
+    for code in (31, 31, 48):
+        fake.inject_xid(0, code)
+    published = [source.read(float(t)).gpus["0"]["xid"] for t in range(1, 6)]
+    assert published == [31.0, 31.0, 48.0, 0.0, 0.0]

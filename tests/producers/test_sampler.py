@@ -104,3 +104,14 @@ def test_noise_is_not_a_departure_but_a_step_beyond_it_still_is() -> None:
 def test_impossible_settings_are_refused_by_name(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingConfig(**bad)
+
+
+def test_the_same_xid_code_twice_in_a_row_is_published_twice() -> None:
+    sampler = AdaptiveSampler(SamplingConfig(jitter=0.0))
+    offered = [0.0, 79.0, 79.0, 0.0]
+    published = [sampler.offer(Scope.GPU, "0", "xid", v, float(t)) for t, v in enumerate(offered)]
+    assert published == [0.0, 79.0, 79.0, 0.0]  # a state would have been published once
+    gauge = [sampler.offer(Scope.GPU, "0", "pcie_width", v, float(t)) for t, v in
+             enumerate([16.0, 8.0, 8.0])]
+    assert gauge == [16.0, 8.0, 8.0] and sampler.offer(Scope.GPU, "0", "pcie_width", 8.0,
+                                                        3.5) is None

@@ -1,4 +1,4 @@
-"""InfiniBand sysfs, host /proc and dcgm-exporter sources against fake trees and fixtures."""
+"""InfiniBand sysfs and host /proc sources against fake trees (dcgm-exporter: test_dcgm.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from producers.dcgm import DcgmExporterSource, parse
 from producers.host import HostSource
 from producers.infiniband import InfinibandSource
 
@@ -65,38 +64,3 @@ def test_host_cpu_and_memory(tmp_path: Path) -> None:
     assert "cpu_util" not in first.host and first.host["mem_used"] == 600 * 1024
     (tmp_path / "stat").write_text("cpu  160 0 140 900 0 0 0 0 0 0\n")
     assert source.read(2.0).host["cpu_util"] == pytest.approx(100 / 200)
-
-
-DCGM_TEXT = """\
-# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).
-# TYPE DCGM_FI_DEV_SM_CLOCK gauge
-DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-a",device="nvidia0",modelName="H100",Hostname="n1"} 1980
-DCGM_FI_DEV_SM_CLOCK{gpu="1",UUID="GPU-b",device="nvidia1",modelName="H100",hostname="n1"} 1410
-# TYPE DCGM_FI_PROF_SM_ACTIVE gauge
-DCGM_FI_PROF_SM_ACTIVE{gpu="0",UUID="GPU-a",device="nvidia0"} 0.612
-DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu="0",UUID="GPU-a"} 0.301
-DCGM_FI_PROF_DRAM_ACTIVE{gpu="0",UUID="GPU-a"} 0.25
-DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a"} 99
-DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-a"} 1024
-DCGM_FI_PROF_NVLINK_TX_BYTES{gpu="0",UUID="GPU-a"} 3.1e+10
-DCGM_FI_PROF_PCIE_TX_BYTES{gpu="0",UUID="GPU-a"} 1200000000
-DCGM_FI_DEV_XID_ERRORS{gpu="1",UUID="GPU-b",err_code="79",err_msg="GPU has fallen off the bus"} 79
-DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-b"} NaN
-DCGM_FI_DEV_SOMETHING_ELSE{gpu="0"} 5
-"""
-
-
-def test_dcgm_exporter_text_maps_onto_the_catalog() -> None:
-    reading = parse(DCGM_TEXT)
-    assert reading.gpus["0"] == {
-        "sm_clock": 1980.0, "sm_active": 0.612, "tensor_active": 0.301, "dram_active": 0.25,
-        "gpu_util": 0.99, "mem_used": float(1 << 30), "nvlink_tx": 3.1e10, "pcie_tx": 1.2e9}
-    assert reading.gpus["1"] == {"sm_clock": 1410.0, "xid": 79.0}  # NaN power: no reading
-
-
-def test_dcgm_exporter_unreachable_is_counted() -> None:
-    def refuse(url: str, timeout: float) -> str:
-        raise ConnectionRefusedError("nobody home")
-
-    source = DcgmExporterSource("http://127.0.0.1:1/metrics", fetch=refuse)
-    assert source.read(1.0).gpus == {} and source.errors == 1

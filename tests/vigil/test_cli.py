@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import jsonschema
 import pytest
 
 from contracts import schema_gen
+from vigil import cli
 from vigil.cli import main
 
 
@@ -55,3 +57,36 @@ def test_bad_config_is_a_clear_error(capsys: pytest.CaptureFixture[str],
     monkeypatch.setenv("VIGIL_DETECT_FIRE_AFTER", "soon")
     assert main(["config"]) == 2
     assert "detect.fire_after" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "client_info"), [
+    ("report", False), ("alerts", False), ("replay", False), ("top", False),
+    ("agent", True), ("worker", True), ("alerter", True)])
+def test_terminal_commands_hide_client_libraries_info_logs(command: str,
+                                                          client_info: bool) -> None:
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers), logging.getLogger("vigil").level
+    try:
+        cli.configure_logging(command, verbose=False)
+        assert logging.getLogger("kafka.conn").isEnabledFor(logging.INFO) is client_info
+        assert logging.getLogger("aiokafka").isEnabledFor(logging.INFO) is client_info
+        assert logging.getLogger("vigil.report").isEnabledFor(logging.INFO)  # our own stay
+        cli.configure_logging(command, verbose=True)
+        assert logging.getLogger("kafka.conn").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("vigil.report").isEnabledFor(logging.DEBUG)
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+        logging.getLogger("vigil").setLevel(saved[2])
+        for own in cli.OWN_PACKAGES:
+            logging.getLogger(own).setLevel(logging.NOTSET)
+
+
+def test_a_missing_extra_is_a_clear_error(capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def needs_redis(cfg: object, args: object) -> int:
+        raise ModuleNotFoundError("No module named 'redis'", name="redis")
+
+    monkeypatch.setattr(cli, "_alerts", needs_redis)
+    assert cli.main(["alerts"]) == 2
+    assert "pip install 'vigil[alerter]'" in capsys.readouterr().err
