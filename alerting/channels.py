@@ -8,6 +8,7 @@ timeout is worth retrying.
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import hmac
 import json
@@ -40,13 +41,22 @@ class Channel(Protocol):
     def send(self, det: dict[str, Any]) -> None: ...
 
 
-def _retry_after(value: str | None) -> float | None:
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (RFC 9110: delay-seconds, or an
+    HTTP-date), never negative; None when absent or unreadable."""
     if not value:
         return None
     try:
         return max(0.0, float(value))
     except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def post_json(url: str, body: Any, headers: dict[str, str] | None = None,
@@ -62,7 +72,8 @@ def post_json(url: str, body: Any, headers: dict[str, str] | None = None,
     except urllib.error.HTTPError as exc:
         retry = exc.code == 429 or exc.code >= 500
         raise DeliveryError(f"HTTP {exc.code} from {_host(url)}", permanent=not retry,
-                            retry_after=_retry_after(exc.headers.get("Retry-After"))) from None
+                            retry_after=retry_after_seconds(
+                                exc.headers.get("Retry-After"))) from None
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         raise DeliveryError(f"{_host(url)} unreachable: {exc}") from None
 

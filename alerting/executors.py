@@ -10,6 +10,7 @@ import json
 import shlex
 import ssl
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -63,10 +64,17 @@ class SlurmExecutor:
 
 class KubernetesExecutor:
     """Cordon the node and taint it ``vigil.dev/gpu-fault=<gpu>:NoSchedule`` through the
-    API server (the node's existing taints are kept)."""
+    API server, keeping the node's other taints.
+
+    Taints are a list, which a merge patch replaces whole: read, add ours, write back.
+    The write carries the ``metadata.resourceVersion`` that was read, so the API server
+    refuses it (409 Conflict) if anyone changed the node in between, and we read again
+    and retry, up to ``CONFLICT_RETRIES`` times; another writer's taint is never lost.
+    """
 
     name = "kubernetes"
     TAINT = "vigil.dev/gpu-fault"
+    CONFLICT_RETRIES = 5
 
     def __init__(self, api: str, token: Secret | None, ca_file: str = "") -> None:
         self.api = api.rstrip("/")
@@ -87,18 +95,35 @@ class KubernetesExecutor:
             context = self.context if self.api.startswith("https") else None
             with urllib.request.urlopen(request, timeout=30, context=context) as resp:
                 return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 409:
+                raise _Conflict() from None
+            raise ExecutorError(f"Kubernetes {method} {path}: HTTP {exc.code}") from None
         except (OSError, ValueError) as exc:
             raise ExecutorError(f"Kubernetes {method} {path}: {exc}") from None
 
     def execute(self, action: dict[str, Any]) -> str:
         path = f"/api/v1/nodes/{action['node']}"
-        node = self._call("GET", path)
-        taints = [t for t in node.get("spec", {}).get("taints", []) or []
-                  if t.get("key") != self.TAINT]
-        taints.append({"key": self.TAINT, "value": str(action.get("gpu") or "node"),
-                       "effect": "NoSchedule"})
-        self._call("PATCH", path, {"spec": {"unschedulable": True, "taints": taints}})
-        return f"cordoned {action['node']} and tainted {self.TAINT}"
+        for attempt in range(1, self.CONFLICT_RETRIES + 1):
+            node = self._call("GET", path)
+            taints = [t for t in node.get("spec", {}).get("taints", []) or []
+                      if t.get("key") != self.TAINT]
+            taints.append({"key": self.TAINT, "value": str(action.get("gpu") or "node"),
+                           "effect": "NoSchedule"})
+            version = node.get("metadata", {}).get("resourceVersion")
+            try:
+                self._call("PATCH", path, {"metadata": {"resourceVersion": version},
+                                           "spec": {"unschedulable": True, "taints": taints}})
+            except _Conflict:
+                continue
+            retried = f" after {attempt - 1} conflict(s)" if attempt > 1 else ""
+            return f"cordoned {action['node']} and tainted {self.TAINT}{retried}"
+        raise ExecutorError(f"Kubernetes node {action['node']} changed under each of "
+                            f"{self.CONFLICT_RETRIES} attempts to taint it")
+
+
+class _Conflict(Exception):
+    """The API server refused a write made against an outdated resourceVersion."""
 
 
 class CommandExecutor:

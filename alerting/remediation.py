@@ -25,12 +25,14 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.exceptions import LockError
 
 from alerting.executors import Executor, ExecutorError
 from contracts.config import AlerterConfig
 
 log = logging.getLogger(__name__)
 WEEK = 7 * 86400.0
+LOCK_SECONDS = 300  # a node's lock expires on its own if its holder dies mid-action
 
 
 def plan(det: dict[str, Any], cfg: AlerterConfig) -> tuple[str, float] | None:
@@ -118,12 +120,13 @@ class Remediator:
         members = [m.decode() for m in self.r.zrange(recent, 0, -1)]  # type: ignore[union-attr]
         if any(m.split("|", 1)[1] == node for m in members):
             return self._audit(action, "skipped", "node is in its cooldown", now)
-        if not self.r.set(f"{self.base}:lock:{node}", action["id"], nx=True, ex=300):
+        # redis-py's Lock: its release deletes the key only if it still holds our token,
+        # so an action that outlived the lock's expiry cannot free another's lock
+        lock = self.r.lock(f"{self.base}:lock:{node}", timeout=LOCK_SECONDS)
+        if not lock.acquire(blocking=False):
             return self._audit(action, "skipped", "another action holds the node's lock", now)
         try:
-            hour = [m for m in members
-                    if (self.r.zscore(recent, m) or 0) >= now - 3600]
-            if len(hour) >= cfg.max_actions_per_hour:
+            if self.r.zcount(recent, now - 3600, "+inf") >= cfg.max_actions_per_hour:
                 return self._audit(action, "skipped",
                                    f"{cfg.max_actions_per_hour} actions in the last hour", now)
             in_job = {m.split("|", 1)[1] for m in members if m.split("|", 1)[0] == job}
@@ -148,7 +151,11 @@ class Remediator:
                 return self._audit(action, "failed", str(exc), now)
             return self._audit(action, "executed", result, now)
         finally:
-            self.r.delete(f"{self.base}:lock:{node}")
+            try:
+                lock.release()
+            except LockError:
+                log.warning("remediation lock of %s expired while %s ran (over %d s); "
+                            "left to its new holder", node, action["id"], LOCK_SECONDS)
 
     def _audit(self, action: dict[str, Any], decision: str, why: str,
                now: float) -> dict[str, Any]:

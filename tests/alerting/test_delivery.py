@@ -7,6 +7,8 @@ import hmac
 import threading
 import time
 from collections import deque
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from alerting.channels import (
     SlackChannel,
     WebhookChannel,
     post_json,
+    retry_after_seconds,
     signature,
 )
 from alerting.delivery import ChannelWorker, DeliveryPolicy
@@ -158,3 +161,26 @@ def test_route_parsing_and_matching() -> None:
     assert Route.parse("").accepts(det(severity="info"))
     with pytest.raises(ValueError):
         Route.parse("severity>=loud")
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    ("120", 120.0), ("0", 0.0), ("-5", 0.0),
+    ("Sun, 22 Nov 2026 10:00:30 GMT", 30.0),  # RFC 9110 HTTP-date, 30 s ahead
+    ("Sun, 22 Nov 2026 09:59:00 GMT", 0.0),  # already past
+    ("soon", None), (None, None)])
+def test_retry_after_in_seconds_or_http_date(header: str | None, seconds: float | None) -> None:
+    now = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC).timestamp()
+    assert retry_after_seconds(header, now=now) == seconds
+
+
+def test_retry_after_as_an_http_date_is_honoured() -> None:
+    ahead = format_datetime(datetime.now(UTC) + timedelta(seconds=2), usegmt=True)
+    with Recorder(script=deque([429]), retry_after=ahead) as rec:
+        outcomes = Outcomes()
+        worker = ChannelWorker(SlackChannel(Secret(rec.url + "/hook"), timeout=0.5), FAST,
+                               outcomes)
+        worker.submit(det())
+        final = outcomes.final()
+        worker.close()
+    assert final[2:4] == ("delivered", 2)
+    assert rec.requests[1].at - rec.requests[0].at >= 0.9  # whole seconds: ≥ 1 s minus rounding

@@ -190,3 +190,32 @@ def test_audit_reaches_the_actions_topic(isolated_env: dict[str, str], tmp_path:
     seen = [json.loads(r.value) for r in consumer]
     consumer.close()
     assert [s["id"] for s in seen] == [record["id"]]
+
+
+class _LockThief:
+    """An executor that runs past the node lock's expiry, during which another alerter
+    takes the lock (what a slow drain and a second alerter replica do in production)."""
+
+    name = "thief"
+
+    def __init__(self, r: redis.Redis, key: str) -> None:
+        self.r, self.key = r, key
+
+    def execute(self, action: dict[str, Any]) -> str:
+        self.r.delete(self.key)  # the lock expired while the drain ran
+        assert self.r.set(self.key, "other-alerter-token", nx=True, ex=60)
+        return "drained slowly"
+
+
+def test_a_lock_taken_over_after_expiry_is_not_released_by_the_old_holder(
+        isolated_cfg: Config) -> None:
+    r = redis.Redis.from_url(isolated_cfg.redis_url)
+    acfg = dataclasses.replace(AlerterConfig(), remediation_enabled=True, confirm_seconds=0,
+                               remediation_dry_run=False)
+    base = f"{isolated_cfg.redis.key_prefix}:remediation"
+    rem = Remediator(acfg, r, isolated_cfg.redis.key_prefix, _LockThief(r, f"{base}:lock:n1"),
+                     lambda det: True)
+    rem.consider(health("n1"), now=T0)
+    [record] = rem.tick(now=T0 + 1)
+    assert record["decision"] == "executed"
+    assert r.get(f"{base}:lock:n1") == b"other-alerter-token"  # the new holder keeps it
