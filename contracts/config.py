@@ -81,6 +81,13 @@ class KafkaConfig:
     samples_partitions: int = 8
     detections_partitions: int = 4
     samples_retention_hours: float = 24.0
+    # replicas of every topic Vigil and its Faust worker create; 0 = the broker's
+    # default.replication.factor. A process refuses to start while an existing Vigil
+    # topic has fewer replicas than this.
+    replication_factor: int = 0
+    # min.insync.replicas of the topics Vigil creates; 0 = 2 with three or more replicas
+    # (one broker may be lost without refusing acks=all writes), else 1
+    min_insync_replicas: int = 0
 
 
 @dataclass(frozen=True)

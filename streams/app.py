@@ -68,8 +68,10 @@ def kafka_credentials(cfg: Config) -> faust.types.auth.CredentialsT | None:
     return None
 
 
-def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
-    """The configured Faust app with its topics, engine table, agent and lag timer."""
+def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
+              replication_factor: int = 1) -> faust.App:
+    """The configured Faust app with its topics, engine table, agent and lag timer;
+    the topics Faust creates (the table's changelog) get ``replication_factor``."""
     metrics = metrics or WorkerMetrics()
     prefix = cfg.kafka.topic_prefix
     app = faust.App(
@@ -78,6 +80,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None) -> faust.App:
         store="memory://",
         datadir=cfg.worker.data_dir,
         topic_partitions=cfg.kafka.samples_partitions,
+        topic_replication_factor=replication_factor,
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
         producer_acks=-1,

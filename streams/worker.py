@@ -15,8 +15,10 @@ from streams.metrics import WorkerMetrics
 log = logging.getLogger(__name__)
 
 
-def run_worker(cfg: Config) -> int:
-    """Start the worker in this process; returns when Faust shuts down."""
+def run_worker(cfg: Config, replication_factor: int = 1) -> int:
+    """Start the worker in this process; returns when Faust shuts down. Faust creates
+    its changelog topics with ``replication_factor`` replicas (what Vigil's own topics
+    got from ``vigil.kafka_admin.ensure_topics``)."""
     Path(cfg.worker.data_dir).mkdir(parents=True, exist_ok=True)
     metrics = WorkerMetrics()
     if cfg.worker.web_port:
@@ -24,7 +26,7 @@ def run_worker(cfg: Config) -> int:
                           registry=metrics.registry)
         log.info("metrics on http://%s:%d/metrics", cfg.worker.metrics_bind,
                  cfg.worker.web_port)
-    app = build_app(cfg, metrics)
+    app = build_app(cfg, metrics, replication_factor)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
     worker = faust.Worker(app, loglevel=level, quiet=True)
     worker.execute_from_commandline()

@@ -77,8 +77,8 @@ def _select(cfg: Config, args: argparse.Namespace) -> int:
 def _worker(cfg: Config, args: argparse.Namespace) -> int:
     from streams.worker import run_worker
     from vigil.kafka_admin import ensure_topics
-    ensure_topics(cfg)
-    return run_worker(cfg)
+    replication = ensure_topics(cfg)
+    return run_worker(cfg, replication.factor)
 
 
 def _alerter(cfg: Config, args: argparse.Namespace) -> int:

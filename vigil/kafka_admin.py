@@ -1,20 +1,72 @@
-"""Create Vigil's topics when they are missing (kafka-python admin client)."""
+"""Create Vigil's topics when they are missing (kafka-python admin client), replicated.
+
+Every topic is created with ``kafka.replication_factor`` replicas (0: the broker's
+``default.replication.factor``) and ``min.insync.replicas`` (``kafka.min_insync_replicas``;
+0: 2 with three or more replicas, else 1), so that with ``acks=all`` producers the loss
+of one broker loses no sample, detection or engine checkpoint. A topic that already
+exists with fewer replicas than that is refused with a clear error: the operator must
+reassign its partitions (or lower the setting), not run on in a state where one
+broker's loss loses data.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
-from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from contracts import topics
 from contracts.config import Config
+from contracts.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-def ensure_topics(cfg: Config) -> None:
-    """Create samples, detections, dead-letter, alerts, actions and status topics if absent."""
+@dataclass(frozen=True)
+class Replication:
+    """The replica count and min in-sync replicas every Vigil topic gets."""
+
+    factor: int
+    min_insync: int
+
+
+def replication(cfg: Config, admin: KafkaAdminClient) -> Replication:
+    """The configured replication, the broker's default where the setting is 0."""
+    factor = cfg.kafka.replication_factor
+    if factor < 0 or cfg.kafka.min_insync_replicas < 0:
+        raise ConfigError("kafka.replication_factor and kafka.min_insync_replicas must be >= 0")
+    if factor == 0:
+        factor = _broker_default_replication(admin)
+    min_insync = cfg.kafka.min_insync_replicas or (2 if factor >= 3 else 1)
+    if min_insync > factor:
+        raise ConfigError(f"kafka.min_insync_replicas {min_insync} exceeds the replication "
+                          f"factor {factor}: no write could ever be acknowledged")
+    return Replication(factor, min_insync)
+
+
+def _broker_default_replication(admin: KafkaAdminClient) -> int:
+    """The brokers' default.replication.factor. A broker's configs are answered by that
+    broker only, and a fresh client may not know every broker yet: ask each in turn."""
+    last: Exception | None = None
+    for broker in admin.describe_cluster()["brokers"]:
+        name = str(broker["broker_id"])
+        try:
+            found = admin.describe_configs(
+                [ConfigResource(ConfigResourceType.BROKER, name,
+                                configs=["default.replication.factor"])], config_filter="all")
+            return int(found["broker"][name]["default.replication.factor"]["value"])
+        except (KafkaError, KeyError) as exc:
+            last = exc
+    raise ConfigError(f"cannot read the brokers' default.replication.factor ({last}): "
+                      "set kafka.replication_factor")
+
+
+def ensure_topics(cfg: Config) -> Replication:
+    """Create samples, detections, dead-letter, alerts, actions and status topics if
+    absent; refuse under-replicated existing ones. Returns the replication used (the
+    worker gives the same to Faust for its changelog topics)."""
     wanted = {
         topics.SAMPLES: cfg.kafka.samples_partitions,
         topics.DETECTIONS: cfg.kafka.detections_partitions,
@@ -26,21 +78,43 @@ def ensure_topics(cfg: Config) -> None:
     admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id="vigil-admin",
                              **cfg.kafka_client)
     try:
+        rep = replication(cfg, admin)
         existing = set(admin.list_topics())
+        names = {name: topics.topic(name, cfg.kafka.topic_prefix) for name in wanted}
         configs = {topics.SAMPLES: {
             "retention.ms": str(int(cfg.kafka.samples_retention_hours * 3600e3))},
             topics.STATUS: {"cleanup.policy": "compact,delete", "retention.ms": "3600000"},
             # a dead letter carries the refused message (up to 1 MiB, base64) and its reason
             topics.DEADLETTER: {"max.message.bytes": str(4 << 20)}}
-        new = [NewTopic(topics.topic(name, cfg.kafka.topic_prefix), parts, 1,
-                        topic_configs=configs.get(name, {}))
-               for name, parts in wanted.items()
-               if topics.topic(name, cfg.kafka.topic_prefix) not in existing]
+        new = [NewTopic(names[name], parts, rep.factor, topic_configs={
+                   **configs.get(name, {}), "min.insync.replicas": str(rep.min_insync)})
+               for name, parts in wanted.items() if names[name] not in existing]
         if new:
             try:
                 admin.create_topics(new)
             except TopicAlreadyExistsError:
                 pass
-            log.info("created topics %s", [t.name for t in new])
+            log.info("created topics %s with %d replicas (min.insync.replicas %d)",
+                     [t.name for t in new], rep.factor, rep.min_insync)
+        # every topic, also one another process created meanwhile (already exists)
+        check_replicas(admin, sorted(names.values()), rep.factor)
     finally:
         admin.close()
+    return rep
+
+
+def check_replicas(admin: KafkaAdminClient, names: list[str], factor: int) -> None:
+    """Refuse (``ConfigError``) if any partition of these topics has fewer replicas
+    than ``factor``."""
+    if not names:
+        return
+    short = []
+    for topic in admin.describe_topics(names):
+        fewest = min((len(p["replica_nodes"]) for p in topic["partitions"]), default=factor)
+        if fewest < factor:
+            short.append(f"{topic['name']} ({fewest})")
+    if short:
+        raise ConfigError(
+            f"topics with fewer replicas than kafka.replication_factor {factor}: "
+            f"{', '.join(short)}. One broker's loss would lose their data: add replicas "
+            "with kafka-reassign-partitions.sh, or set kafka.replication_factor lower.")

@@ -1,4 +1,5 @@
-"""The local runtime of real services: a single-node KRaft Kafka and a Redis.
+"""The local runtime of real services: a single-node KRaft Kafka and a Redis (and, for
+replication tests, KRaft clusters of several brokers).
 
 `vigil up` starts what the configuration does not point elsewhere, waits until
 each answers, and records pid files under ``local.data_dir``; `vigil down` stops
@@ -164,12 +165,35 @@ def kafka_libs(config: Config) -> Path:
     return libs
 
 
-def _kafka_properties(config: Config, svc: Service) -> Path:
+@dataclass(frozen=True)
+class Quorum:
+    """This broker's place in a KRaft cluster of several combined broker-controllers
+    (tests of replication): its node id, every voter, the shared cluster id, and the
+    replication factor the cluster's topics get by default."""
+
+    node_id: int
+    voters: str  # "1@127.0.0.1:9093,2@127.0.0.1:9095,…"
+    cluster_id: str
+    replicas: int
+
+    @staticmethod
+    def of(controller_ports: list[int]) -> list[Quorum]:
+        """One Quorum per broker of a new cluster with these controller ports."""
+        voters = ",".join(f"{i}@127.0.0.1:{port}" for i, port in
+                          enumerate(controller_ports, start=1))
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        return [Quorum(i, voters, cluster_id, len(controller_ports))
+                for i in range(1, len(controller_ports) + 1)]
+
+
+def _kafka_properties(config: Config, svc: Service, quorum: Quorum | None = None) -> Path:
     local = config.local
+    quorum = quorum or Quorum(1, f"1@127.0.0.1:{local.controller_port}", "", 1)
+    replicas, min_isr = str(quorum.replicas), str(2 if quorum.replicas >= 3 else 1)
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{local.controller_port}",
+        "node.id": str(quorum.node_id),
+        "controller.quorum.voters": quorum.voters,
         "listeners": (f"PLAINTEXT://127.0.0.1:{local.kafka_port},"
                       f"CONTROLLER://127.0.0.1:{local.controller_port}"),
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{local.kafka_port}",
@@ -178,9 +202,11 @@ def _kafka_properties(config: Config, svc: Service) -> Path:
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str((svc.datadir / "data").resolve()),
         "num.partitions": "1",
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "default.replication.factor": replicas,
+        "min.insync.replicas": min_isr,
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
         "group.initial.rebalance.delay.ms": "0",
         "auto.create.topics.enable": "false",  # wrong partition counts must fail loudly
         "log.retention.hours": "24",
@@ -240,13 +266,19 @@ def _java(config: Config, libs: Path, svc: Service, *args: str) -> list[str]:
             "-cp", f"{libs}/*", *args]
 
 
-def start_kafka(config: Config, svc: Service, timeout: float = 120.0) -> None:
-    """Format storage once, start the broker, wait for its port and 'started' line."""
+def start_kafka(config: Config, svc: Service, timeout: float = 120.0,
+                quorum: Quorum | None = None, wait: bool = True) -> Callable[[], None]:
+    """Format storage once, start the broker, wait for its port and 'started' line.
+
+    With ``quorum`` the broker is one of a KRaft cluster; a broker of a cluster cannot
+    finish starting before a majority of its voters runs, so start them all with
+    ``wait=False`` and call each returned waiter afterwards."""
     libs = kafka_libs(config)
     svc.datadir.mkdir(parents=True, exist_ok=True)
-    props = _kafka_properties(config, svc)
+    props = _kafka_properties(config, svc, quorum)
     if not (svc.datadir / "data" / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = quorum.cluster_id if quorum else \
+            base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         scram: list[str] = []
         if config.local.kafka_sasl:
             mechanism, user, password = _scram(config)
@@ -258,7 +290,14 @@ def start_kafka(config: Config, svc: Service, timeout: float = 120.0) -> None:
             raise StackError(f"Kafka storage format failed: {result.stdout}{result.stderr}")
     offset = svc.logfile.stat().st_size if svc.logfile.exists() else 0
     svc.spawn(_java(config, libs, svc, "kafka.Kafka", str(props)))
-    _wait(svc, timeout, lambda: port_open(svc.port) and _log_has(svc, _KAFKA_STARTED, offset))
+
+    def waiter() -> None:
+        _wait(svc, timeout,
+              lambda: port_open(svc.port) and _log_has(svc, _KAFKA_STARTED, offset))
+
+    if wait:
+        waiter()
+    return waiter
 
 
 def _log_has(svc: Service, needle: str, offset: int) -> bool:
@@ -334,7 +373,8 @@ def services(config: Config) -> dict[str, Service]:
 
 def up(config: Config) -> None:
     """Start every managed service that is not already running and healthy."""
-    starters = {"kafka": start_kafka, "redis": start_redis}
+    starters: dict[str, Callable[[Config, Service], object]] = {
+        "kafka": start_kafka, "redis": start_redis}
     for name, svc in services(config).items():
         if svc.pid() is not None:
             _say(f"{name} already running (pid {svc.pid()}, port {svc.port})")
