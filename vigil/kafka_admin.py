@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from contracts import topics
@@ -86,16 +86,17 @@ def ensure_topics(cfg: Config) -> Replication:
             topics.STATUS: {"cleanup.policy": "compact,delete", "retention.ms": "3600000"},
             # a dead letter carries the refused message (up to 1 MiB, base64) and its reason
             topics.DEADLETTER: {"max.message.bytes": str(4 << 20)}}
-        new = [NewTopic(names[name], parts, rep.factor, topic_configs={
-                   **configs.get(name, {}), "min.insync.replicas": str(rep.min_insync)})
-               for name, parts in wanted.items() if names[name] not in existing]
+        new = {names[name]: {"num_partitions": parts, "replication_factor": rep.factor,
+                             "configs": {**configs.get(name, {}),
+                                         "min.insync.replicas": str(rep.min_insync)}}
+               for name, parts in wanted.items() if names[name] not in existing}
         if new:
             try:
-                admin.create_topics(new)
+                admin.create_topics(new, wait_for_metadata=True)
             except TopicAlreadyExistsError:
                 pass
             log.info("created topics %s with %d replicas (min.insync.replicas %d)",
-                     [t.name for t in new], rep.factor, rep.min_insync)
+                     sorted(new), rep.factor, rep.min_insync)
         # every topic, also one another process created meanwhile (already exists)
         check_replicas(admin, sorted(names.values()), rep.factor)
     finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer
-from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.errors import KafkaError
 
 from contracts import topics
@@ -160,7 +160,7 @@ def test_an_under_replicated_existing_topic_is_refused(
     cfg = load(env=_env(isolated_env, bootstrap))
     name = topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix)
     admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap)
-    admin.create_topics([NewTopic(name, 1, 1)])  # as the old code created them
+    admin.create_topics({name: {"num_partitions": 1, "replication_factor": 1}})  # as before
     admin.close()
     with pytest.raises(ConfigError, match=rf"{name} \(1\)"):
         ensure_topics(cfg)
