@@ -67,7 +67,8 @@ class KafkaConfig:
     ``security_protocol``: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. SASL takes
     ``sasl_mechanism`` (SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN), ``sasl_username`` and
     ``sasl_password`` (a secret: set it from the environment); TLS verifies the broker
-    against ``ssl_cafile`` (empty: the system's CAs). Every client (agent, worker,
+    against ``ssl_cafile`` (empty: the system's CAs) and, for brokers that require client
+    certificates, presents ``ssl_certfile`` / ``ssl_keyfile``. Every client (agent, worker,
     alerter, admin, CLI) gets the same settings.
     """
 
@@ -78,6 +79,10 @@ class KafkaConfig:
     sasl_username: str = ""
     sasl_password: Secret | None = None
     ssl_cafile: str = ""
+    # mutual TLS: this client's certificate chain and private key (PEM files), for
+    # brokers that require client certificates (ssl.client.auth=required)
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
     samples_partitions: int = 8
     detections_partitions: int = 4
     samples_retention_hours: float = 24.0
@@ -113,6 +118,9 @@ class LocalConfig:
     # The local broker requires SASL/SCRAM (kafka.sasl_mechanism, one user: the
     # kafka.sasl_username / sasl_password clients use) instead of PLAINTEXT.
     kafka_sasl: bool = False
+    # The local broker listens with TLS only (a CA and certificates made with openssl
+    # under data_dir/kafka/tls); "mutual" also requires client certificates.
+    kafka_tls: str = ""
 
 
 @dataclass(frozen=True)
@@ -261,8 +269,10 @@ class Config:
         if k.security_protocol.startswith("SASL_"):
             args.update(sasl_mechanism=k.sasl_mechanism, sasl_plain_username=k.sasl_username,
                         sasl_plain_password=k.sasl_password.reveal() if k.sasl_password else "")
-        if k.security_protocol in ("SSL", "SASL_SSL") and k.ssl_cafile:
-            args["ssl_cafile"] = k.ssl_cafile
+        if k.security_protocol in ("SSL", "SASL_SSL"):
+            for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(k, key):
+                    args[key] = getattr(k, key)
         return args
 
     @property
@@ -349,6 +359,10 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
         data.setdefault(section, {})[rest[len(section) + 1:]] = value
     config = Config(**{s: _section(hints[s], data.get(s, {}), s) for s in sections})
     _check_kafka_security(config.kafka)
+    if config.local.kafka_tls not in ("", "tls", "mutual"):
+        raise ConfigError(f"local.kafka_tls {config.local.kafka_tls!r}: '', 'tls' or 'mutual'")
+    if config.local.kafka_tls and config.local.kafka_sasl:
+        raise ConfigError("local.kafka_tls and local.kafka_sasl: the local broker does one")
     if config.detect.held_seconds <= config.agent.max_interval:
         raise ConfigError(f"detect.held_seconds {config.detect.held_seconds:g} must exceed "
                           f"agent.max_interval {config.agent.max_interval:g}: a stable metric "
@@ -372,8 +386,12 @@ def _check_kafka_security(k: KafkaConfig) -> None:
         if not k.sasl_username or k.sasl_password is None:
             raise ConfigError("kafka.sasl_username and kafka.sasl_password are needed for "
                               f"{k.security_protocol}")
-    if k.ssl_cafile and not Path(k.ssl_cafile).is_file():
-        raise ConfigError(f"kafka.ssl_cafile {k.ssl_cafile!r} is not a file")
+    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        path = getattr(k, key)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"kafka.{key} {path!r} is not a file")
+    if bool(k.ssl_certfile) != bool(k.ssl_keyfile):
+        raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile go together (mutual TLS)")
 
 
 def describe(config: Config) -> str:

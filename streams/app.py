@@ -58,6 +58,8 @@ def kafka_credentials(cfg: Config) -> faust.types.auth.CredentialsT | None:
     context = None
     if k.security_protocol in ("SSL", "SASL_SSL"):
         context = ssl.create_default_context(cafile=k.ssl_cafile or None)
+        if k.ssl_certfile:
+            context.load_cert_chain(k.ssl_certfile, k.ssl_keyfile)
     if k.security_protocol.startswith("SASL_"):
         return faust.SASLCredentials(
             username=k.sasl_username,

@@ -214,6 +214,8 @@ def _kafka_properties(config: Config, svc: Service, quorum: Quorum | None = None
     }
     if local.kafka_sasl:
         props.update(_sasl_properties(config))
+    if local.kafka_tls:
+        props.update(_tls_properties(config, tls_files(svc.datadir / "tls")))
     path = svc.datadir / "server.properties"
     path.touch(mode=0o600)  # it may hold the SASL user's password
     path.chmod(0o600)
@@ -256,6 +258,68 @@ def _sasl_properties(config: Config) -> dict[str, str]:
             "org.apache.kafka.common.security.scram.ScramLoginModule required "
             f'username="{user}" password="{password}";',
     }
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of the local TLS broker: its CA, its key and chain in one file (Kafka's
+    PEM keystore), and a client certificate signed by the same CA (mutual TLS)."""
+
+    ca: Path
+    broker_keystore: Path
+    client_cert: Path
+    client_key: Path
+
+
+def tls_files(root: Path) -> TlsFiles:
+    """Make (once) a self-signed CA, a broker certificate for 127.0.0.1 and localhost,
+    and a client certificate, with openssl; 30 days, for local use only."""
+    files = TlsFiles(root / "ca.pem", root / "broker-keystore.pem", root / "client.pem",
+                     root / "client.key")
+    if files.client_key.exists():
+        return files
+    openssl = _require("openssl", "apt-get install openssl")
+    root.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        done = subprocess.run([openssl, *args], capture_output=True, text=True, cwd=root)
+        if done.returncode != 0:
+            raise StackError(f"openssl {args[0]} failed: {done.stderr[-2000:]}")
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "30", "-subj", "/CN=vigil-local-ca")
+    for name, ext in (("broker", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        (root / f"{name}.ext").write_text(ext + "\n")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", f"/CN=vigil-{name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "30", "-extfile", f"{name}.ext")
+    files.broker_keystore.write_text((root / "broker.key").read_text()
+                                     + (root / "broker.pem").read_text())
+    for secret in (root / "ca.key", root / "broker.key", files.broker_keystore,
+                   files.client_key):
+        secret.chmod(0o600)
+    return files
+
+
+def _tls_properties(config: Config, files: TlsFiles) -> dict[str, str]:
+    """Broker settings for one SSL listener (PEM keystore and truststore, KIP-651); the
+    controller listener stays on loopback in plain text."""
+    port, controller = config.local.kafka_port, config.local.controller_port
+    props = {
+        "listeners": f"SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+        "advertised.listeners": f"SSL://127.0.0.1:{port}",
+        "listener.security.protocol.map": "SSL:SSL,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "SSL",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(files.broker_keystore.resolve()),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(files.ca.resolve()),
+    }
+    if config.local.kafka_tls == "mutual":
+        props["ssl.client.auth"] = "required"
+    return props
 
 
 def _java(config: Config, libs: Path, svc: Service, *args: str) -> list[str]:
