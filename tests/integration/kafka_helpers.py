@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+import redis
 from kafka import KafkaConsumer, KafkaProducer
 
 from contracts import topics
-from contracts.codec import encode_sample
-from contracts.config import Config
+from contracts.codec import decode_detection, encode_sample
+from contracts.config import Config, load
 from vigil.kafka_admin import ensure_topics
 
 VIGIL = [sys.executable, "-m", "vigil.cli"]
@@ -53,3 +56,59 @@ def start_worker(env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:
         return subprocess.Popen([*VIGIL, "worker"], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
+
+
+def pipeline_through(env: dict[str, str], node: str, gpu: str, start: float,
+                     log_path: Path) -> list[tuple[str | None, str | None]]:
+    """Agent publisher → `vigil worker` → `vigil alerter` → Redis with the Kafka settings
+    of ``env``: one 4-node job whose GPU ``gpu`` of ``node`` slows down. Returns the
+    (node, gpu) of the incidents open in Redis; asserts the publisher lost nothing and
+    the worker's detections name that GPU alone."""
+    from alerting.state import LiveState
+    from producers.publisher import BufferedPublisher
+    from producers.simulator import Cluster, Fault, JobSpec, Simulator
+
+    cfg = load(env=env)
+    ensure_topics(cfg)
+    job = JobSpec(f"{node[0]}-job", [f"{node[0]}{i}" for i in range(4)])
+    cluster = Cluster([job], [Fault("slow_gpu", job.name, node, gpu, start + 40)])
+    agent = BufferedPublisher(cfg.kafka_bootstrap,
+                              topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
+                              **cfg.kafka_client)
+    for sample in Simulator(cluster, start, seed=5).samples(130):
+        agent.publish(sample)
+    assert agent.close(timeout=60) and agent.dropped == 0 and not agent.errors
+    worker = start_worker(env, str(log_path))
+    try:
+        consumer = KafkaConsumer(topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
+                                 bootstrap_servers=cfg.kafka_bootstrap,
+                                 auto_offset_reset="earliest", consumer_timeout_ms=1000,
+                                 **cfg.kafka_client)
+        found: list[dict[str, Any]] = []
+        for _ in range(150):
+            found.extend(decode_detection(r.value) for r in consumer)
+            if found or worker.poll() is not None:
+                break
+        consumer.close()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert [(d["node"], d["gpu"]) for d in found if d["state"] == "firing"] == [(node, gpu)], (
+        log_path.read_text()[-3000:])
+    subprocess.run([*VIGIL, "alerter", "--max-seconds", "15"], env=env, check=True, timeout=90)
+    state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    return [(d["node"], d["gpu"]) for d in state.open_incidents()]
+
+
+def refused(cfg: Config) -> bool:
+    """Whether the brokers refuse a client with ``cfg``'s security settings (its
+    bootstrap gives up within 5 s instead of the default 30 s)."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    try:
+        KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, bootstrap_timeout_ms=5000,
+                         **cfg.kafka_client).close()
+    except KafkaError:
+        return True
+    return False
