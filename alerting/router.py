@@ -41,13 +41,12 @@ class Route:
         kinds: frozenset[str] = frozenset()
         severity, jobs = "info", tuple[str, ...]()
         for token in text.split():
-            key, _, value = token.partition("=")
-            if key == "kinds":
-                kinds = frozenset(v for v in value.split(",") if v)
-            elif key == "severity>":
-                severity = value
-            elif key == "jobs":
-                jobs = tuple(v for v in value.split(",") if v)
+            if token.startswith("severity>="):
+                severity = token.removeprefix("severity>=")
+            elif token.startswith("kinds="):
+                kinds = frozenset(v for v in token.removeprefix("kinds=").split(",") if v)
+            elif token.startswith("jobs="):
+                jobs = tuple(v for v in token.removeprefix("jobs=").split(",") if v)
             else:
                 raise ValueError(f"route: cannot read {token!r}")
         if severity not in SEVERITY_RANK:

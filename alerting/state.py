@@ -82,7 +82,8 @@ class LiveState:
     def open_key(self, job: str) -> str:
         return f"{self.prefix}:open:{{{job}}}"
 
-    def status_key(self, job: str) -> str:
+    def locations_key(self, job: str) -> str:
+        """Hash: location in the job (``node``, ``node/gpu``, ``-``) → its open incidents."""
         return f"{self.prefix}:status:{{{job}}}"
 
     @property
@@ -105,7 +106,7 @@ class LiveState:
         if det["gpu"] is not None:
             where += f"/{det['gpu']}"
         applied = self._apply(
-            keys=[self.incident_key(job, incident), self.open_key(job), self.status_key(job)],
+            keys=[self.incident_key(job, incident), self.open_key(job), self.locations_key(job)],
             args=[incident, body, repr(float(det["detected_at"])), _RANK[det["state"]],
                   INCIDENT_TTL_SECONDS, where])
         if not applied:
@@ -155,9 +156,9 @@ class LiveState:
             out.extend(json.loads(v) for v in self.r.hvals(self.open_key(j)))
         return out
 
-    def status(self, job: str) -> dict[str, list[str]]:
+    def open_by_location(self, job: str) -> dict[str, list[str]]:
         """``node`` / ``node/gpu`` / ``-`` (job-level) → ids of its open incidents."""
-        raw: dict[bytes, bytes] = self.r.hgetall(self.status_key(job))  # type: ignore[assignment]
+        raw: dict[bytes, bytes] = self.r.hgetall(self.locations_key(job))  # type: ignore[assignment]
         return {k.decode(): json.loads(v) for k, v in raw.items()}
 
     def put_pipeline_status(self, status: dict[str, Any], seen: float | None = None) -> None:

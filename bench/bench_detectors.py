@@ -13,7 +13,7 @@ import time
 
 from contracts.config import DetectConfig
 from detectors.engine import JobEngine
-from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 1_900_000_000.0
 

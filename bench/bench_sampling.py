@@ -25,7 +25,7 @@ from typing import Any
 from contracts.catalog import CATALOG, Scope
 from contracts.codec import decode_sample
 from producers.sampler import NOISE_FLOOR, AdaptiveSampler, SamplingConfig
-from producers.simulator import Cluster, Event, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 
 START = 1_000_000.0
 _BY_NAME = {m.name: m for m in CATALOG}

@@ -37,7 +37,7 @@ from bench_worker import START, _cluster, _metric
 from contracts import topics
 from contracts.config import load
 from producers.publisher import KafkaPublisher
-from producers.simulator import Simulator
+from simulator.cluster import Simulator
 from vigil.kafka_admin import ensure_topics
 
 READY = b"[^Worker]: Ready"

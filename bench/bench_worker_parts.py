@@ -29,7 +29,7 @@ from bench_worker import START, _cluster
 from contracts import topics
 from contracts.codec import encode_sample
 from contracts.config import load
-from producers.simulator import Simulator
+from simulator.cluster import Simulator
 
 NODES, SECONDS, BATCH = 256, 80, 500
 

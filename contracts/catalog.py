@@ -42,15 +42,6 @@ class Metric:
     high: float
     health: bool = False
 
-    @property
-    def prometheus_name(self) -> str:
-        """The name under which Vigil's own exporters publish this metric."""
-        unit = {"ratio": "ratio", "W": "watts", "°C": "celsius", "MHz": "megahertz",
-                "bytes": "bytes", "bytes/s": "bytes_per_second", "Gb/s": "gigabits_per_second",
-                "ticks/s": "ticks_per_second"}.get(self.unit, "")
-        base = f"vigil_{self.scope.value}_{self.name}"
-        return f"{base}_{unit}" if unit and not base.endswith(unit) else base
-
 
 _G, _H, _N = Scope.GPU, Scope.HOST, Scope.NIC
 _TB = 1e13  # 10 TB/s: no link in service moves more than this

@@ -75,12 +75,19 @@ def _object(value: Any, path: str) -> dict[str, Any]:
     return value
 
 
-_CEILINGS = {id(cat): {name: m.high + (_RATIO_SLACK if m.unit == "ratio" else 0)
-                      for name, m in cat.items()}
-             for cat in (GPU_METRICS, HOST_METRICS, NIC_METRICS)}
+def _ceilings(catalog: dict[str, Metric]) -> dict[str, float]:
+    """metric → the largest value the contract accepts."""
+    return {name: m.high + (_RATIO_SLACK if m.unit == "ratio" else 0)
+            for name, m in catalog.items()}
 
 
-def _metrics(value: Any, path: str, catalog: dict[str, Metric]) -> None:
+_GPU_CEILINGS = _ceilings(GPU_METRICS)
+_HOST_CEILINGS = _ceilings(HOST_METRICS)
+_NIC_CEILINGS = _ceilings(NIC_METRICS)
+
+
+def _metrics(value: Any, path: str, catalog: dict[str, Metric],
+             ceilings: dict[str, float]) -> None:
     """Every reading is a catalog metric with a finite number in range.
 
     The fast path runs as C loops over the whole object: known names, numeric types,
@@ -88,7 +95,6 @@ def _metrics(value: Any, path: str, catalog: dict[str, Metric]) -> None:
     a failing object is re-checked slowly to name the exact reason.
     """
     if type(value) is dict:
-        ceilings = _CEILINGS[id(catalog)]
         readings = value.values()
         if (value.keys() <= ceilings.keys() and set(map(type, readings)) <= _NUMERIC
                 and (not value or min(readings) >= 0)
@@ -138,14 +144,14 @@ def validate_sample(message: Any) -> dict[str, Any]:
     for index, readings in gpus.items():
         if not (index.isdigit() and index.isascii() and len(index) <= 3):
             raise ContractError("bad_value", f"gpus key {index!r} must be a GPU index")
-        _metrics(readings, f"gpus.{index}", GPU_METRICS)
-    _metrics(sample["host"], "host", HOST_METRICS)
+        _metrics(readings, f"gpus.{index}", GPU_METRICS, _GPU_CEILINGS)
+    _metrics(sample["host"], "host", HOST_METRICS, _HOST_CEILINGS)
     nics = _object(sample["nics"], "nics")
     if len(nics) > MAX_NICS:
         raise ContractError("out_of_range", f"{len(nics)} NICs > {MAX_NICS}")
     for nic, readings in nics.items():
         _string(nic, "nics key", empty_ok=False)
-        _metrics(readings, f"nics.{nic}", NIC_METRICS)
+        _metrics(readings, f"nics.{nic}", NIC_METRICS, _NIC_CEILINGS)
     if "meta" in sample:
         _object(sample["meta"], "meta")
     return sample

@@ -40,7 +40,7 @@ def gpu_key_order(key: str) -> tuple[str, int]:
     return node, int(gpu) if gpu.isdigit() else 0
 
 
-def status_key(status: dict[str, Any]) -> bytes:
+def feed_key(status: dict[str, Any]) -> bytes:
     """The compaction key: the newest status per job and per worker survives."""
     name = status["job"] if status["kind"] == "job" else status["worker"]
     return f"{status['kind']}:{name}".encode()

@@ -32,7 +32,6 @@ class SlurmJob:
 
     def __init__(self, cgroup_root: str | Path = "/sys/fs/cgroup") -> None:
         self.root = Path(cgroup_root)
-        self.all_jobs: list[str] = []
 
     def __call__(self) -> str:
         jobs: set[int] = set()
@@ -42,5 +41,4 @@ class SlurmJob:
                 match = _JOB_DIR.match(path.name)
                 if match and path.is_dir():
                     jobs.add(int(match.group(1)))
-        self.all_jobs = [str(j) for j in sorted(jobs)]
-        return self.all_jobs[0] if self.all_jobs else ""
+        return str(min(jobs)) if jobs else ""  # several: the oldest (lowest) job id

@@ -8,7 +8,7 @@ node's GPU jobs; nothing of the workload is touched or read beyond that.
 A pod's job id is ``namespace/name`` with the replica suffix taken off by
 ``job_pattern`` (default: ``llm-70b-worker-3`` → ``llm-70b``), so every pod of one
 training job maps to the same id. With several GPU jobs on a node, the one holding
-most GPUs wins (ties: the lowest id) and ``all_jobs`` lists them.
+most GPUs wins (ties: the lowest id).
 
 The response is decoded by a small protobuf wire-format reader (the messages are
 fixed by the v1 API; no generated code or protobuf runtime in the agent). grpcio is
@@ -31,7 +31,6 @@ from contracts.codec import MAX_ID_CHARS
 log = logging.getLogger(__name__)
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 GPU_RESOURCES = ("nvidia.com/gpu",)
 DEFAULT_JOB_PATTERN = r"^(?P<job>.+?)(?:-(?:worker|master|launcher|chief|ps|evaluator))?-\d+$"
 MAX_RESPONSE_BYTES = 16 << 20
@@ -157,7 +156,6 @@ class KubeletJob:
         self.resources = resources
         self.clock = clock
         self.job = ""
-        self.all_jobs: list[str] = []
         self.errors: Counter[str] = Counter()
         self._asked_at: float | None = None
 
@@ -190,6 +188,5 @@ class KubeletJob:
             if pod.resource in self.resources and pod.device_ids:
                 gpus[self.job_of_pod(pod.namespace, pod.name)] += len(pod.device_ids)
         ranked = sorted(gpus.items(), key=lambda kv: (-kv[1], kv[0]))
-        self.all_jobs = [job for job, _ in ranked]
-        self.job = self.all_jobs[0] if ranked else ""
+        self.job = ranked[0][0] if ranked else ""
         return self.job

@@ -195,8 +195,3 @@ class AdaptiveSampler:
         """The current noise estimate of one series (for tests and diagnosis)."""
         s = self._series.get((scope, device, name))
         return self.noise(s) if s else None
-
-    def interval(self, scope: Scope, device: str, name: str) -> float | None:
-        """The current publishing interval of one series (for meta and tests)."""
-        s = self._series.get((scope, device, name))
-        return s.interval if s else None

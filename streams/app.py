@@ -39,7 +39,7 @@ from contracts import topics
 from contracts.codec import encode_detection
 from contracts.config import Config
 from contracts.errors import ContractError
-from contracts.status import HEAT_METRICS, encode_status, job_status, status_key, worker_status
+from contracts.status import HEAT_METRICS, encode_status, feed_key, job_status, worker_status
 from detectors.engine import JobEngine
 from streams.continuity import Continuity
 from streams.deadletter import deadletter_record
@@ -228,10 +228,10 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
                 if engine is not None:
                     msg = job_status(job, (engine.next_bin or 0) * cfg.detect.bin_seconds,
                                      worker_id, engine.heat(HEAT_METRICS), engine.late)
-                    await status.send(key=status_key(msg), value=encode_status(msg))
+                    await status.send(key=feed_key(msg), value=encode_status(msg))
             heat_due.clear()
             msg = worker_status(worker_id, now, dict(lag_now), totals["samples"],
                                 totals["deadletters"], len(live))
-            await status.send(key=status_key(msg), value=encode_status(msg))
+            await status.send(key=feed_key(msg), value=encode_status(msg))
 
     return app

@@ -28,7 +28,7 @@ def _down(cfg: Config, args: argparse.Namespace) -> int:
 
 def _status(cfg: Config, args: argparse.Namespace) -> int:
     from vigil import localstack
-    report = localstack.status(cfg)
+    report = localstack.health(cfg)
     for name, state in report.items():
         print(f"{name:6} {state}")
     return 0 if all(s.startswith(("up", "external")) for s in report.values()) else 1
@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Long-running services: their INFO logs (their own and their clients') are their record.
 DAEMONS = frozenset({"agent", "worker", "alerter"})
-OWN_PACKAGES = ("vigil", "contracts", "producers", "detectors", "streams", "alerting")
+OWN_PACKAGES = ("vigil", "contracts", "producers", "simulator", "detectors", "streams",
+                "alerting")
 # command → the extra that brings its dependencies (pyproject.toml)
 EXTRA_OF = {"agent": "agent", "worker": "worker", "alerter": "alerter", "alerts": "alerter",
             "top": "alerter", "silence": "alerter", "ack": "alerter", "actions": "alerter"}

@@ -30,7 +30,7 @@ def _open(path: str, mode: str) -> Iterator[IO[Any]]:
 
 def simulate(cfg: Config, args: argparse.Namespace) -> int:
     """Publish (or write) the demo cluster's samples; optionally pace them in real time."""
-    from producers.simulator import Simulator, demo_cluster
+    from simulator.cluster import Simulator, demo_cluster
 
     start = args.start if args.start is not None else time.time()
     cluster = demo_cluster(args.jobs, args.nodes, start=start, slow_after=args.slow_after)

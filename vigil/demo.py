@@ -27,7 +27,7 @@ from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config, load
 from detectors.baseline import StaticRules
-from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil import localstack, top
 from vigil.benchdetect import matches
 from vigil.kafka_admin import ensure_topics

@@ -465,7 +465,7 @@ def down(config: Config, only: Iterable[str] | None = None) -> None:
             _say(f"{name} stopped" if svc.stop() else f"{name} was not running")
 
 
-def status(config: Config) -> dict[str, str]:
+def health(config: Config) -> dict[str, str]:
     """Service name → 'up (pid N, port P)' / 'down' / 'external'."""
     report: dict[str, str] = {}
     managed = services(config)

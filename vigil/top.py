@@ -25,7 +25,7 @@ LEVELS = "▁▂▃▄▅▆▇█"  # 0 … 1; the lowest stays visible (a hung
 NO_READING = "·"
 WORKER_STALE_SECONDS = 30.0
 HEAT_LABELS = {"sm_active": "SM", "tensor_active": "TENSOR", "dram_active": "DRAM"}
-RED, DIM, BOLD, RESET = "\x1b[31;1m", "\x1b[2m", "\x1b[1m", "\x1b[0m"
+RED, BOLD, RESET = "\x1b[31;1m", "\x1b[1m", "\x1b[0m"
 
 
 @dataclass

@@ -20,7 +20,7 @@ from detectors.links import LinkParams, find_link_faults
 from detectors.network import NetworkParams, find_network_bound
 from detectors.straggler import StragglerParams, find_stragglers
 from detectors.window import JobWindow, WindowView
-from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 2_000_000.0
 BIN = 5.0

@@ -18,7 +18,7 @@ from detectors.engine import JobEngine, ReplayRunner
 from detectors.findings import Finding
 from detectors.incidents import IncidentTracker
 from detectors.robust import robust_z
-from producers.simulator import Cluster, JobSpec, Simulator, demo_cluster
+from simulator.cluster import Cluster, JobSpec, Simulator, demo_cluster
 
 CFG = DetectConfig()
 START = 1_000_000.0

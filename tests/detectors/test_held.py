@@ -10,7 +10,7 @@ from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
 from detectors.held import HeldReadings
 from producers.sampler import AdaptiveSampler, SamplingConfig
-from producers.simulator import Simulator
+from simulator.cluster import Simulator
 from vigil.scenarios import suite
 
 

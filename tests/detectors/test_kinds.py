@@ -13,7 +13,7 @@ from detectors.engine import ReplayRunner
 from detectors.health import classify_xid
 from detectors.links import LinkParams, find_link_faults
 from detectors.window import JobWindow, WindowView
-from producers.simulator import Cluster, Event, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 
 START = 3_000_000.0
 AT = START + 60

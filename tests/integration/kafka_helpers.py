@@ -66,7 +66,7 @@ def pipeline_through(env: dict[str, str], node: str, gpu: str, start: float,
     the worker's detections name that GPU alone."""
     from alerting.state import LiveState
     from producers.publisher import BufferedPublisher
-    from producers.simulator import Cluster, Fault, JobSpec, Simulator
+    from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
     cfg = load(env=env)
     ensure_topics(cfg)

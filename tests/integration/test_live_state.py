@@ -45,10 +45,11 @@ def test_node_and_gpu_status_follow_incidents(isolated_cfg: Config) -> None:
     job = dict(_det("firing", 7.0, "hang-j"), kind="hang", node=None, gpu=None)
     for d in (gpu, node, job):
         assert state.apply(d)
-    assert state.status("job-7") == {"n1/3": ["straggler-g"], "n1": ["link-n"], "-": ["hang-j"]}
+    assert state.open_by_location("job-7") == {"n1/3": ["straggler-g"], "n1": ["link-n"],
+                                               "-": ["hang-j"]}
     assert state.apply(dict(gpu, state="resolved", detected_at=9.0))
     assert state.apply(dict(gpu, state="resolved", detected_at=9.0)) is False
-    assert state.status("job-7") == {"n1": ["link-n"], "-": ["hang-j"]}
+    assert state.open_by_location("job-7") == {"n1": ["link-n"], "-": ["hang-j"]}
 
 
 def test_acl_user_with_password_in_the_url(isolated_cfg: Config) -> None:

@@ -20,7 +20,7 @@ from kafka import KafkaConsumer
 from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
-from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
 from tests.integration.ports import free_port
 from tests.integration.scrape import metric

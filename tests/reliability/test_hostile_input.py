@@ -21,7 +21,7 @@ from contracts import topics
 from contracts.codec import MAX_MESSAGE_BYTES, encode_sample
 from contracts.config import Config
 from contracts.errors import ContractError
-from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from streams.decode import decode_sample_fast
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
 

@@ -21,7 +21,7 @@ from contracts.codec import decode_detection, decode_sample
 from contracts.config import Config, load
 from contracts.errors import ConfigError
 from producers.publisher import BufferedPublisher
-from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import start_worker
 from tests.integration.ports import free_port
 from vigil import localstack

@@ -17,7 +17,7 @@ from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
 from producers.publisher import BufferedPublisher
-from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
 from vigil import localstack
 from vigil.kafka_admin import ensure_topics

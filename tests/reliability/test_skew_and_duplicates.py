@@ -16,7 +16,7 @@ import pytest
 
 from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
-from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 1_880_000_000.0
 

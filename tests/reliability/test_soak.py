@@ -24,7 +24,7 @@ from alerting.state import LiveState
 from contracts import topics
 from contracts.codec import encode_detection, encode_sample
 from contracts.config import Config, load
-from producers.simulator import Cluster, JobSpec, Simulator
+from simulator.cluster import Cluster, JobSpec, Simulator
 from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
 from tests.integration.kafka_helpers import start_worker

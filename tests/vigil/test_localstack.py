@@ -19,7 +19,7 @@ def test_missing_tool_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> N
 def test_external_services_are_not_managed() -> None:
     cfg = load(env={"VIGIL_KAFKA_BOOTSTRAP": "k:9092", "VIGIL_REDIS_URL": "redis://r:1/0"})
     assert localstack.services(cfg) == {}
-    assert localstack.status(cfg) == {"kafka": "external", "redis": "external"}
+    assert localstack.health(cfg) == {"kafka": "external", "redis": "external"}
 
 
 def test_stale_pid_file_reads_as_down(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_stale_pid_file_reads_as_down(tmp_path: Path) -> None:
     svc = localstack.services(cfg)["redis"]
     svc.pidfile.write_text("999999999")
     assert svc.pid() is None
-    assert localstack.status(cfg)["redis"] == "down"
+    assert localstack.health(cfg)["redis"] == "down"
     assert svc.stop() is False and not svc.pidfile.exists()
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from contracts.codec import encode_sample
 from contracts.config import DetectConfig
-from producers.simulator import Cluster, Fault, JobSpec, Simulator
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil.report import build
 from vigil.report_html import render
 

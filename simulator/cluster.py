@@ -27,7 +27,6 @@ NVLINK_PEAK = 300e9  # bytes/s one GPU moves at full all-reduce speed
 IB_PEAK = 50e9  # bytes/s of a 400 Gb/s port
 # NVML clocks-event reasons used by the faults below.
 THROTTLE_SW_POWER_CAP = 0x4
-THROTTLE_HW_SLOWDOWN = 0x8
 THROTTLE_HW_THERMAL = 0x40
 
 # fault kind → detection kinds that correctly report it (the first is its own kind)
