@@ -3,11 +3,11 @@
 Samples are keyed by job, so one job's engine lives on one worker. Every batch
 passes the offset guard first (`streams.continuity`): the detectors see each
 partition's offsets once and in order, and Faust never commits past one they did
-not see, whatever a rebalance does to Faust's delivery. The agent runs
-with concurrency 1 and works in batches (Faust's per-message cost is high, and
-concurrency > 1 can commit past in-flight messages). Each batch: decode (bad
-messages go to the dead-letter topic with their reason), fold samples into the
-job's engine, advance event time, publish detections.
+not see, whatever a rebalance does to Faust's delivery. The stream processor (a
+Faust "agent", unrelated to the node agent) runs with concurrency 1 and works in
+batches (Faust's per-message cost is high, and concurrency > 1 can commit past
+in-flight messages); what it does with a batch and on a rebalance is
+``streams.processor.BatchProcessor``, testable without Kafka.
 
 State: live engines stay in this process. An engine is checkpointed to the
 changelogged ``engines`` table (compressed) whenever it publishes a detection,
@@ -30,26 +30,33 @@ import os
 import socket
 import ssl
 import time
-from collections import defaultdict
 from typing import Any
 
 import faust
 
 from contracts import topics
-from contracts.codec import encode_detection
 from contracts.config import Config
-from contracts.errors import ContractError
-from contracts.status import HEAT_METRICS, encode_status, feed_key, job_status, worker_status
-from detectors.engine import JobEngine
+from contracts.status import encode_status, feed_key
 from streams.continuity import Continuity
-from streams.deadletter import deadletter_record
-from streams.decode import decode_sample_fast
 from streams.metrics import WorkerMetrics
-from streams.state_codec import decode_state, encode_state
+from streams.processor import BatchProcessor
 
 log = logging.getLogger(__name__)
 CHANGELOG_MAX_BYTES = 32 << 20
-WORKER_HEADER = "vigil-worker"
+
+
+class _FaustOutlets:
+    """The processor's outlets as Faust topics."""
+
+    def __init__(self, detections: Any, deadletter: Any) -> None:
+        self._detections = detections
+        self._deadletter = deadletter
+
+    async def detection(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> None:
+        await self._detections.send(key=key, value=value, headers=headers)
+
+    async def deadletter(self, key: bytes | None, value: bytes) -> None:
+        await self._deadletter.send(key=key, value=value)
 
 
 def kafka_credentials(cfg: Config) -> faust.types.auth.CredentialsT | None:
@@ -106,39 +113,17 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
     table = app.Table("engines", default=None, partitions=cfg.kafka.samples_partitions,
                       key_type=bytes, value_type=bytes, use_partitioner=True,
                       extra_topic_configs={"max.message.bytes": str(CHANGELOG_MAX_BYTES)})
-    live: dict[str, JobEngine] = {}
-    since_checkpoint: dict[str, int] = {}  # evaluated steps since the job's last checkpoint
-    # Which worker produced a detection, for operators and tests (a header: the body
-    # stays exactly the contract's message).
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
-    origin = {WORKER_HEADER: worker_id.encode()}
-    heat_due: set[str] = set()  # jobs evaluated since the last status
-    totals = {"samples": 0, "deadletters": 0}
+    processor = BatchProcessor(cfg, metrics, _FaustOutlets(detections, deadletter), table,
+                               worker_id)
     lag_now: dict[str, int] = {}  # partition → lag, as the lag timer last saw it
-
-    def engine_for(job: str) -> JobEngine:
-        engine = live.get(job)
-        if engine is None:
-            engine = live[job] = JobEngine(job, cfg.detect, decode_state(table.get(job.encode())))
-            metrics.jobs.set(len(live))
-        return engine
-
-    def checkpoint(engine: JobEngine) -> None:
-        blob = encode_state(engine.to_state())
-        metrics.checkpoint_bytes.observe(len(blob))
-        table[engine.job.encode()] = blob
+    continuity = Continuity(app, samples_name, metrics)
 
     async def _on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
-        for engine in live.values():
-            checkpoint(engine)
-        live.clear()
-        metrics.jobs.set(0)
-        # Faust flushed its producer before this signal; the checkpoints just written
-        # must reach the changelog before the next owner recovers the table from it.
-        await app.producer.flush()
-        await continuity.commit_processed()  # after the checkpoints: never ahead of them
-
-    continuity = Continuity(app, samples_name, metrics)
+        # Faust flushed its producer before this signal; the checkpoints written now
+        # must reach the changelog before the next owner recovers the table from it,
+        # and the commit must never be ahead of them.
+        await processor.on_revoked(app.producer.flush, continuity.commit_processed)
 
     async def _on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
         continuity.on_assigned()
@@ -148,54 +133,14 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
 
     @app.agent(samples, concurrency=1)
     async def process(stream: Any) -> None:
+        """The Faust stream processor (Faust calls it an agent; not the node agent)."""
         async for events in stream.take_events(cfg.worker.batch_size,
                                                within=cfg.worker.batch_seconds):
             try:
-                await handle_batch(events)
-            except Exception:  # an agent that raises dies silently: count, log, go on
+                await processor.handle(await continuity.admit(events))
+            except Exception:  # a Faust agent that raises dies silently: count, log, go on
                 metrics.errors.inc()
                 log.exception("batch of %d samples failed", len(events))
-
-    async def handle_batch(events: list[Any]) -> None:
-        by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        newest_append = 0.0
-        for event in await continuity.admit(events):
-            msg = event.message
-            newest_append = max(newest_append, msg.timestamp or 0.0)
-            try:
-                sample = decode_sample_fast(event.value)
-            except ContractError as exc:
-                metrics.deadletters.labels(exc.reason).inc()
-                totals["deadletters"] += 1
-                await deadletter.send(key=msg.key, value=deadletter_record(
-                    event.value, exc.reason, exc.detail, msg.topic, msg.partition, msg.offset))
-                continue
-            metrics.samples.inc()
-            totals["samples"] += 1
-            if sample["job"]:
-                by_job[sample["job"]].append(sample)
-        for job, job_samples in by_job.items():
-            engine = engine_for(job)
-            late_before, step_before = engine.late, engine.next_bin
-            found: list[dict[str, Any]] = []
-            for sample in sorted(job_samples, key=lambda s: s["ts"]):
-                found.extend(engine.ingest(sample))
-            metrics.late.inc(engine.late - late_before)
-            found.extend(engine.advance())
-            for det in found:
-                metrics.detections.labels(det["kind"], det["state"]).inc()
-                if newest_append:
-                    metrics.latency.observe(max(0.0, time.time() - newest_append))
-                await detections.send(key=job.encode(), value=encode_detection(det),
-                                      headers=origin)
-            steps = (engine.next_bin or 0) - (step_before or 0)
-            if steps:
-                heat_due.add(job)
-            due = since_checkpoint.get(job, 0) + steps
-            if found or due >= cfg.worker.checkpoint_steps:
-                checkpoint(engine)
-                due = 0
-            since_checkpoint[job] = due
 
     @app.timer(interval=1.0)
     async def watch_offsets() -> None:
@@ -222,16 +167,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
         @app.timer(interval=cfg.worker.status_seconds)
         async def publish_status() -> None:
             """Each evaluated job's heat and this worker's health, for `vigil top`."""
-            now = time.time()
-            for job in sorted(heat_due):
-                engine = live.get(job)
-                if engine is not None:
-                    msg = job_status(job, (engine.next_bin or 0) * cfg.detect.bin_seconds,
-                                     worker_id, engine.heat(HEAT_METRICS), engine.late)
-                    await status.send(key=feed_key(msg), value=encode_status(msg))
-            heat_due.clear()
-            msg = worker_status(worker_id, now, dict(lag_now), totals["samples"],
-                                totals["deadletters"], len(live))
-            await status.send(key=feed_key(msg), value=encode_status(msg))
+            for msg in processor.status_messages(time.time(), lag_now):
+                await status.send(key=feed_key(msg), value=encode_status(msg))
 
     return app

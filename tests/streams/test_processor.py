@@ -1,0 +1,157 @@
+"""The worker's batch and revoke handling without Kafka: the order send → checkpoint
+→ commit, dead letters with their reason, recovery from a checkpoint, status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from contracts.codec import decode_detection, encode_sample
+from contracts.config import Config
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from streams.metrics import WorkerMetrics
+from streams.processor import BatchProcessor
+
+START = 1_898_000_000.0
+
+
+@dataclass
+class _Message:
+    key: bytes | None
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float | None
+
+
+@dataclass
+class _Delivered:
+    value: bytes
+    message: _Message
+
+
+class _Journal(MutableMapping[bytes, Any]):
+    """The checkpoint store and the outlets in one, writing every effect to ``log``."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Any]] = []
+        self.store: dict[bytes, Any] = {}
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self.store[key]
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self.log.append(("checkpoint", key.decode()))
+        self.store[key] = value
+
+    def __delitem__(self, key: bytes) -> None:
+        del self.store[key]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.store)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    async def detection(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> None:
+        self.log.append(("detection", decode_detection(value)))
+
+    async def deadletter(self, key: bytes | None, value: bytes) -> None:
+        self.log.append(("deadletter", value))
+
+
+def _batches(size: int = 200) -> list[list[_Delivered]]:
+    job = JobSpec("proc-job", [f"p{i}" for i in range(4)])
+    cluster = Cluster([job], [Fault("slow_gpu", job.name, "p1", "2", START + 40)])
+    delivered = [_Delivered(encode_sample(s), _Message(b"proc-job", "samples", 0, i,
+                                                       START + i / 4))
+                 for i, s in enumerate(Simulator(cluster, START, seed=3).samples(150))]
+    return [delivered[i:i + size] for i in range(0, len(delivered), size)]
+
+
+def _processor(journal: _Journal) -> BatchProcessor:
+    return BatchProcessor(Config(), WorkerMetrics(), journal, journal, "test-worker")
+
+
+def test_detections_are_sent_before_their_engine_is_checkpointed() -> None:
+    journal = _Journal()
+    processor = _processor(journal)
+    sent_in: list[list[str]] = []
+    for batch in _batches():
+        journal.log.clear()
+        asyncio.run(processor.handle(batch))
+        sent_in.append([kind for kind, _ in journal.log])
+    with_detections = [kinds for kinds in sent_in if "detection" in kinds]
+    assert with_detections, "the slow GPU was not detected"
+    for kinds in with_detections:  # every send of the batch, then its checkpoint
+        assert kinds[-1] == "checkpoint" and "checkpoint" not in kinds[:-1], kinds
+
+
+def test_revocation_checkpoints_then_flushes_then_commits() -> None:
+    journal = _Journal()
+    processor = _processor(journal)
+    asyncio.run(processor.handle(_batches()[0]))
+    journal.log.clear()
+
+    async def flush() -> None:
+        journal.log.append(("flush", None))
+
+    async def commit() -> None:
+        journal.log.append(("commit", None))
+
+    asyncio.run(processor.on_revoked(flush, commit))
+    assert [kind for kind, _ in journal.log] == ["checkpoint", "flush", "commit"]
+    assert processor.live == {}
+
+
+def test_a_new_owner_resumes_from_the_checkpoint() -> None:
+    journal = _Journal()
+    first, rest = _batches()[0], _batches()[1:]
+    processor = _processor(journal)
+    asyncio.run(processor.handle(first))
+    asyncio.run(processor.on_revoked(_noop, _noop))
+    successor = _processor(journal)  # same checkpoint store, fresh process
+    engine = successor.engine_for("proc-job")
+    assert engine.next_bin == processor_next_bin(journal)
+    for batch in rest:
+        asyncio.run(successor.handle(batch))
+    assert any(k == "detection" and d["node"] == "p1" for k, d in journal.log)
+
+
+def test_a_bad_message_is_dead_lettered_with_its_reason_and_its_neighbours_kept() -> None:
+    journal = _Journal()
+    processor = _processor(journal)
+    batch = _batches(20)[0]
+    batch.insert(5, _Delivered(b'{"schema": "vigil.sample/1", "ts": "soon"}',
+                               _Message(b"proc-job", "samples", 0, 999, None)))
+    asyncio.run(processor.handle(batch))
+    [(kind, value)] = [entry for entry in journal.log if entry[0] == "deadletter"]
+    record = json.loads(value)
+    assert record["source"]["offset"] == 999 and record["reason"] == "missing_field"
+    assert processor.samples == 20 and processor.deadletters == 1
+
+
+def test_status_messages_carry_heat_once_and_a_heartbeat_always() -> None:
+    journal = _Journal()
+    processor = _processor(journal)
+    for batch in _batches()[:2]:
+        asyncio.run(processor.handle(batch))
+    first = processor.status_messages(START + 100, {"0": 3})
+    assert [m["kind"] for m in first] == ["job", "worker"]
+    assert first[1]["lag"] == {"0": 3} and first[1]["samples"] == processor.samples
+    assert len(first[0]["heat"]) == 4 * 8  # every GPU of the job
+    assert [m["kind"] for m in processor.status_messages(START + 105, {})] == ["worker"]
+
+
+async def _noop() -> None:
+    return None
+
+
+def processor_next_bin(journal: _Journal) -> int | None:
+    from streams.state_codec import decode_state
+    state = decode_state(journal.store[b"proc-job"])
+    assert state is not None
+    return state["next_bin"]
