@@ -30,7 +30,7 @@ class AlerterCollector(Collector):
                 ("vigil_alerter_statuses", "pipeline statuses kept for the live view",
                  a.statuses),
                 ("vigil_alerter_redis_errors", "Redis calls that failed (outage mode)",
-                 a.redis_errors)):
+                 a.outage.errors)):
             yield CounterMetricFamily(name, doc, value=value)
         deliveries = CounterMetricFamily("vigil_alerter_deliveries",
                                          "channel delivery outcomes", labels=["channel", "result"])
@@ -46,7 +46,7 @@ class AlerterCollector(Collector):
                                 value=len(a.router.open))
         yield GaugeMetricFamily("vigil_alerter_redis_backlog",
                                 "detections delivered but not yet written to Redis",
-                                value=len(a.backlog))
+                                value=len(a.outage.backlog))
 
 
 def alerter_registry(alerter: Alerter) -> CollectorRegistry:

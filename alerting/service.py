@@ -21,7 +21,6 @@ import json
 import logging
 import signal
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -40,6 +39,7 @@ from alerting.channels import (
 from alerting.delivery import ChannelWorker, DeliveryPolicy
 from alerting.executors import CommandExecutor, Executor, KubernetesExecutor, SlurmExecutor
 from alerting.metrics import serve_metrics
+from alerting.outage import RedisOutage
 from alerting.remediation import Remediator
 from alerting.router import Route, Router
 from alerting.silences import SilenceStore
@@ -51,8 +51,6 @@ from contracts.errors import ConfigError, ContractError
 from contracts.status import decode_status
 
 log = logging.getLogger(__name__)
-REDIS_BACKLOG_MAX = 50_000  # detections held while Redis is down; then consumption pauses
-KNOWN_INCIDENTS_MAX = 100_000  # newest state per incident id, for dedupe without Redis
 STATUS_KEEP_SECONDS = 3600.0  # a job or worker silent this long leaves the live view
 STATUS_PRUNE_EVERY = 60.0
 
@@ -150,11 +148,7 @@ class Alerter:
         self.outcomes: dict[tuple[str, str], int] = {}  # (channel, result) → count
         self.status_topic = topics.topic(topics.STATUS, cfg.kafka.topic_prefix)
         self._pruned_at = 0.0
-        self.backlog: deque[dict[str, Any]] = deque()  # delivered, not yet in Redis
-        self.redis_errors = 0
-        self._known: OrderedDict[str, tuple[float, int]] = OrderedDict()
-        self._pending_writes: deque[Callable[[], None]] = deque(maxlen=REDIS_BACKLOG_MAX)
-        self._to_consider: deque[dict[str, Any]] = deque()  # remediation missed them
+        self.outage = RedisOutage()
         self._uncommitted = False
         self._stop = False
         self._restore()
@@ -175,10 +169,7 @@ class Alerter:
             if result == "delivered" and det["state"] == "firing":
                 self.state.mark_told(det["job"], det["id"], channel)
 
-        try:
-            write()
-        except redis.RedisError:
-            self._pending_writes.append(write)  # written when Redis is back
+        self.outage.write_or_defer(write)
 
     def _escalate(self, det: dict[str, Any]) -> None:
         """Tell people at once, on every pager channel, whatever its route says."""
@@ -195,9 +186,9 @@ class Alerter:
 
     def poll_once(self, timeout_ms: int = 1000) -> int:
         """Handle one poll's records and the router's timers; returns the record count."""
-        if self.backlog or self._pending_writes or self._to_consider:
-            self._flush_backlog()
-        if len(self.backlog) >= REDIS_BACKLOG_MAX:  # Redis still down: let Kafka hold it
+        if self.outage.owed:
+            self._catch_up()
+        if self.outage.full:  # Redis still down: let Kafka hold the rest
             time.sleep(timeout_ms / 1000)
             self._tick()
             return 0
@@ -218,7 +209,7 @@ class Alerter:
                     continue
                 self._apply(det)
         self._uncommitted = self._uncommitted or count > 0
-        if self._uncommitted and not self.backlog:
+        if self._uncommitted and not self.outage.ongoing:
             self.consumer.commit()  # also the batches held back while Redis was down
             self._uncommitted = False
         self._tick()
@@ -226,65 +217,37 @@ class Alerter:
 
     def _tick(self) -> None:
         self._dispatch(self.router.tick())
-        if self.remediator is not None and not self.backlog:
+        if self.remediator is not None and not self.outage.ongoing:
             try:
                 self.remediator.tick()
             except redis.RedisError as exc:
-                self._redis_lost(exc)
+                self.outage.lost(exc)
 
     def _apply(self, det: dict[str, Any]) -> None:
         """Redis first; without Redis, de-duplicate in memory and deliver anyway."""
         fresh: bool | None = None
-        if not self.backlog:  # Redis believed up
+        if not self.outage.ongoing:  # Redis believed up
             try:
                 fresh = self.state.apply(det)
             except redis.RedisError as exc:
-                self._redis_lost(exc)
-        newer = self._remember(det)
+                self.outage.lost(exc)
+        newer = self.outage.remember(det)
         if not (newer if fresh is None else fresh):
             self.duplicates += 1
             return
         self.applied += 1
         self._dispatch(self.router.handle(det))
         if fresh is None:
-            self.backlog.append(det)  # written (and considered) when Redis is back
+            self.outage.backlog.append(det)  # written (and considered) when Redis is back
         else:
             self._consider(det)
 
-    def _remember(self, det: dict[str, Any]) -> bool:
-        """Record the newest state seen of an incident; False if ``det`` is not newer
-        (the same order ``LiveState.apply`` uses: later time, then resolved)."""
-        rank = (det["detected_at"], 1 if det["state"] == "resolved" else 0)
-        known = self._known.get(det["id"])
-        if known is not None and rank <= known:
-            return False
-        self._known[det["id"]] = rank
-        self._known.move_to_end(det["id"])
-        while len(self._known) > KNOWN_INCIDENTS_MAX:
-            self._known.popitem(last=False)
-        return True
-
-    def _redis_lost(self, exc: Exception) -> None:
-        self.redis_errors += 1
-        if self.redis_errors == 1 or self.redis_errors % 100 == 0:
-            log.warning("Redis unreachable (%s): delivering from memory, %d detections "
-                        "held for Redis", type(exc).__name__, len(self.backlog))
-
-    def _flush_backlog(self) -> None:
-        """Write what Redis missed, oldest first; stop at the first failure."""
-        try:
-            while self._pending_writes:
-                self._pending_writes[0]()
-                self._pending_writes.popleft()
-            while self.backlog:
-                if self.state.apply(self.backlog[0]):
-                    self._to_consider.append(self.backlog[0])
-                self.backlog.popleft()
-        except redis.RedisError:
-            return
-        log.info("Redis is back: backlog written")
-        while self._to_consider and self._consider(self._to_consider.popleft()):
-            pass
+    def _catch_up(self) -> None:
+        """Once Redis answers: write what it missed, then let remediation see it."""
+        if self.outage.catch_up(self.state):
+            while self.outage.to_consider and self._consider(
+                    self.outage.to_consider.popleft()):
+                pass
 
     def _consider(self, det: dict[str, Any]) -> bool:
         """Hand a new detection to remediation; kept for later if Redis fails."""
@@ -294,8 +257,8 @@ class Alerter:
             self.remediator.consider(det)
             return True
         except redis.RedisError as exc:
-            self._redis_lost(exc)
-            self._to_consider.appendleft(det)
+            self.outage.lost(exc)
+            self.outage.to_consider.appendleft(det)
             return False
 
     def _pipeline_status(self, record: Any) -> None:

@@ -39,8 +39,8 @@ def _exported() -> set[str]:
     agent = SimpleNamespace(ticks=1, sampler=None, errors=Counter({"nvml": 1}),
                             job_of=SimpleNamespace(errors=Counter({"podresources": 1})))
     publisher = SimpleNamespace(published=1, dropped=0, buffered=0, errors={}, latencies=[0.1])
-    alerter = SimpleNamespace(applied=1, duplicates=0, invalid=0, statuses=0, redis_errors=0,
-                              backlog=[],
+    alerter = SimpleNamespace(applied=1, duplicates=0, invalid=0, statuses=0,
+                              outage=SimpleNamespace(errors=0, backlog=[]),
                               outcomes={("slack", "delivered"): 1}, workers={},
                               router=SimpleNamespace(open={}))
     names = set()

@@ -64,11 +64,11 @@ def test_redis_outage_keeps_delivering_and_catches_up(isolated_env: dict[str, st
             _publish(cfg, [first, *during, during[0]])  # a redelivery, two new, a duplicate
             _poll_until(alerter, lambda: len(hook.requests) >= 3)
             told_during_outage = len(hook.requests)
-            assert alerter.backlog, "the outage was not noticed"
+            assert alerter.outage.ongoing, "the outage was not noticed"
             while time.monotonic() - down_at < OUTAGE_SECONDS:
                 alerter.poll_once(timeout_ms=500)  # the loop survives the whole outage
             localstack.start_redis(cfg, svc)
-            _poll_until(alerter, lambda: not alerter.backlog and not alerter._pending_writes)
+            _poll_until(alerter, lambda: not alerter.outage.owed)
         finally:
             if svc.pid() is None:
                 localstack.start_redis(cfg, svc)
