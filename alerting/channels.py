@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from contracts.config import Secret
 from contracts.errors import VigilError
+from contracts.messages import Detection
 
 
 class DeliveryError(VigilError):
@@ -38,7 +39,7 @@ class Channel(Protocol):
 
     name: str
 
-    def send(self, det: dict[str, Any]) -> None: ...
+    def send(self, det: Detection) -> None: ...
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -87,7 +88,7 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
-def labels(det: dict[str, Any]) -> dict[str, str]:
+def labels(det: Detection) -> dict[str, str]:
     """The labels routing, silences and Alertmanager match on."""
     out = {"alertname": "Vigil" + "".join(p.title() for p in det["kind"].split("_")),
            "kind": det["kind"], "severity": det["severity"], "job": det["job"],
@@ -107,7 +108,7 @@ class AlertmanagerChannel:
         self.url = url.rstrip("/") + "/api/v2/alerts"
         self.timeout = timeout
 
-    def send(self, det: dict[str, Any]) -> None:
+    def send(self, det: Detection) -> None:
         alert: dict[str, Any] = {
             "labels": labels(det),
             "annotations": {"summary": det["summary"],
@@ -127,7 +128,7 @@ class SlackChannel:
         self.webhook = webhook
         self.timeout = timeout
 
-    def send(self, det: dict[str, Any]) -> None:
+    def send(self, det: Detection) -> None:
         icon = ":white_check_mark:" if det["state"] == "resolved" else (
             ":rotating_light:" if det["severity"] == "critical" else ":warning:")
         text = (f"{icon} *{det['state'].upper()}* {det['kind']} in `{det['job']}`: "
@@ -145,7 +146,7 @@ class PagerDutyChannel:
         self.url = url
         self.timeout = timeout
 
-    def send(self, det: dict[str, Any]) -> None:
+    def send(self, det: Detection) -> None:
         body: dict[str, Any] = {"routing_key": self.routing_key.reveal(),
                                 "dedup_key": det["id"],
                                 "event_action": "resolve" if det["state"] == "resolved"
@@ -179,7 +180,7 @@ class WebhookChannel:
         self.secret = secret
         self.timeout = timeout
 
-    def send(self, det: dict[str, Any]) -> None:
+    def send(self, det: Detection) -> None:
         body = json.dumps(det, separators=(",", ":"), sort_keys=True).encode()
         stamp = str(int(time.time()))
         post_json(self.url, body, timeout=self.timeout, headers={
@@ -195,7 +196,7 @@ class KafkaAlertsChannel:
         self.producer = producer
         self.topic = topic
 
-    def send(self, det: dict[str, Any]) -> None:
+    def send(self, det: Detection) -> None:
         try:
             self.producer.send(self.topic, key=det["job"].encode(),
                                value=json.dumps(det, separators=(",", ":")).encode()

@@ -16,13 +16,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from alerting.channels import Channel, DeliveryError
+from contracts.messages import Detection
 
 log = logging.getLogger(__name__)
 
-Outcome = Callable[[str, dict[str, Any], str, int, str], None]  # channel, det, result, tries, why
+Outcome = Callable[[str, Detection, str, int, str], None]  # channel, det, result, tries, why
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,14 @@ class ChannelWorker:
         self.policy = policy
         self.on_outcome = on_outcome
         self._rng = rng or random.Random()
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(policy.queue_size)
+        self._queue: queue.Queue[Detection] = queue.Queue(policy.queue_size)
         self._stop = threading.Event()
         self._next_send = 0.0
         self._thread = threading.Thread(target=self._run, name=f"deliver-{channel.name}",
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, det: dict[str, Any]) -> None:
+    def submit(self, det: Detection) -> None:
         """Queue a detection; a full queue dead-letters it at once."""
         try:
             self._queue.put_nowait(det)
@@ -87,7 +87,7 @@ class ChannelWorker:
                 continue
             self._deliver(det)
 
-    def _deliver(self, det: dict[str, Any]) -> None:
+    def _deliver(self, det: Detection) -> None:
         p = self.policy
         started = time.monotonic()
         for attempt in range(1, p.max_attempts + 1):
@@ -119,5 +119,5 @@ class ChannelWorker:
             self.on_outcome(self.channel.name, det, "delivered", attempt, "")
             return
 
-    def _requeue_or_dead(self, det: dict[str, Any]) -> None:
+    def _requeue_or_dead(self, det: Detection) -> None:
         self.on_outcome(self.channel.name, det, "dead_letter", 0, "alerter stopping")

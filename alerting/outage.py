@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
 from alerting.state import LiveState
+from contracts.messages import Detection
 
 log = logging.getLogger(__name__)
 REDIS_BACKLOG_MAX = 50_000  # detections held while Redis is down; then consumption pauses
@@ -34,9 +34,9 @@ class RedisOutage:
     """The alerter's outage bookkeeping (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.backlog: deque[dict[str, Any]] = deque()
+        self.backlog: deque[Detection] = deque()
         self.pending_writes: deque[Callable[[], None]] = deque(maxlen=REDIS_BACKLOG_MAX)
-        self.to_consider: deque[dict[str, Any]] = deque()
+        self.to_consider: deque[Detection] = deque()
         self.known: OrderedDict[str, tuple[float, int]] = OrderedDict()
         self.errors = 0
         self.dropped_writes = 0
@@ -63,7 +63,7 @@ class RedisOutage:
             log.warning("Redis unreachable (%s): delivering from memory, %d detections "
                         "held for Redis", type(exc).__name__, len(self.backlog))
 
-    def remember(self, det: dict[str, Any]) -> bool:
+    def remember(self, det: Detection) -> bool:
         """Record the newest state seen of an incident; False if ``det`` is not newer."""
         rank = (det["detected_at"], 1 if det["state"] == "resolved" else 0)
         known = self.known.get(det["id"])

@@ -29,13 +29,14 @@ from redis.exceptions import LockError
 
 from alerting.executors import Executor, ExecutorError
 from contracts.config import AlerterConfig
+from contracts.messages import Detection
 
 log = logging.getLogger(__name__)
 WEEK = 7 * 86400.0
 LOCK_SECONDS = 300  # a node's lock expires on its own if its holder dies mid-action
 
 
-def plan(det: dict[str, Any], cfg: AlerterConfig) -> tuple[str, float] | None:
+def plan(det: Detection, cfg: AlerterConfig) -> tuple[str, float] | None:
     """(action, seconds to wait after firing) a firing detection asks for, if any."""
     if det["state"] != "firing" or det["node"] is None:
         return None
@@ -54,9 +55,9 @@ class Remediator:
     """Holds planned actions until due, applies the rails, executes or records why not."""
 
     def __init__(self, cfg: AlerterConfig, r: redis.Redis, prefix: str, executor: Executor,
-                 is_open: Callable[[dict[str, Any]], bool],
+                 is_open: Callable[[Detection], bool],
                  publish: Callable[[dict[str, Any]], None] | None = None,
-                 escalate: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 escalate: Callable[[Detection], None] | None = None) -> None:
         self.cfg = cfg
         self.r = r
         self.base = f"{prefix}:remediation{':dry' if cfg.remediation_dry_run else ''}"
@@ -68,7 +69,7 @@ class Remediator:
         self.pending: dict[str, dict[str, Any]] = {}
         self.opt_out = [p.strip() for p in cfg.opt_out.split(",") if p.strip()]
 
-    def consider(self, det: dict[str, Any], now: float | None = None) -> None:
+    def consider(self, det: Detection, now: float | None = None) -> None:
         """A detection was applied: plan an action, or cancel one whose incident resolved."""
         now = time.time() if now is None else now
         if det["state"] == "resolved":
@@ -170,11 +171,11 @@ class Remediator:
         return record
 
 
-def escalation(det: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+def escalation(det: Detection, record: dict[str, Any]) -> Detection:
     """A critical notification for people: the automation stepped back on this node."""
-    return dict(det, id=f"{det['id']}-escalated", severity="critical", state="firing",
-                summary=f"Repeat offender {det['node']}: Vigil did not {record['action']} "
-                        f"it again ({record['why']}). Original: {det['summary']}")
+    return {**det, "id": f"{det['id']}-escalated", "severity": "critical", "state": "firing",
+            "summary": f"Repeat offender {det['node']}: Vigil did not {record['action']} "
+                       f"it again ({record['why']}). Original: {det['summary']}"}
 
 
 def audit_log(r: redis.Redis, prefix: str, count: int = 100) -> list[dict[str, Any]]:

@@ -18,12 +18,13 @@ import fnmatch
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from alerting.channels import labels
 from alerting.silences import SilenceStore
+from contracts.codec import SEVERITIES
+from contracts.messages import Detection
 
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Route:
             raise ValueError(f"route: unknown severity {severity!r}")
         return cls(kinds, severity, jobs, pager, resend)
 
-    def accepts(self, det: dict[str, Any]) -> bool:
+    def accepts(self, det: Detection) -> bool:
         return ((not self.kinds or det["kind"] in self.kinds)
                 and SEVERITY_RANK[det["severity"]] >= SEVERITY_RANK[self.min_severity]
                 and (not self.jobs or any(fnmatch.fnmatchcase(det["job"], j)
@@ -62,7 +63,7 @@ class Route:
 
 @dataclass
 class _Open:
-    det: dict[str, Any]
+    det: Detection
     seen_at: float
     told: set[str] = field(default_factory=set)
     last_sent: float = 0.0
@@ -84,22 +85,22 @@ class Router:
         self.firings: dict[str, deque[float]] = {}
         self.suppressed: dict[str, str] = {}  # incident → why, for the delivery log
 
-    def restore(self, det: dict[str, Any], told: set[str], now: float | None = None) -> None:
+    def restore(self, det: Detection, told: set[str], now: float | None = None) -> None:
         """Re-open an incident after a restart (told = channels already notified)."""
         now = time.time() if now is None else now
         self.open[det["id"]] = _Open(det, det.get("detected_at", now), set(told), now)
 
-    def _condition(self, det: dict[str, Any]) -> str:
+    def _condition(self, det: Detection) -> str:
         return f"{det['job']}|{det['kind']}|{det['node']}|{det['gpu']}"
 
-    def _flapping(self, det: dict[str, Any], now: float) -> bool:
+    def _flapping(self, det: Detection, now: float) -> bool:
         times = self.firings.setdefault(self._condition(det), deque())
         times.append(now)
         while times and times[0] < now - self.flap_window:
             times.popleft()
         return len(times) > self.flap_max
 
-    def handle(self, det: dict[str, Any], now: float | None = None) -> list[tuple[str, dict]]:
+    def handle(self, det: Detection, now: float | None = None) -> list[tuple[str, Detection]]:
         """A new (non-duplicate) detection arrived."""
         now = time.time() if now is None else now
         if det["state"] == "resolved":
@@ -121,7 +122,7 @@ class Router:
                 out.append((name, det))
         return out
 
-    def tick(self, now: float | None = None) -> list[tuple[str, dict]]:
+    def tick(self, now: float | None = None) -> list[tuple[str, Detection]]:
         """Pages that are now due, and re-sends of open incidents."""
         now = time.time() if now is None else now
         out = []

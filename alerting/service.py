@@ -48,11 +48,18 @@ from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
 from contracts.errors import ConfigError, ContractError
+from contracts.messages import Detection
 from contracts.status import decode_status
 
 log = logging.getLogger(__name__)
 STATUS_KEEP_SECONDS = 3600.0  # a job or worker silent this long leaves the live view
 STATUS_PRUNE_EVERY = 60.0
+
+
+def kafka_producer(cfg: Config) -> KafkaProducer:
+    """The alerter's producer (alerts and actions topics): every write acknowledged by
+    all in-sync replicas, with the configured security."""
+    return KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all", **cfg.kafka_client)
 
 
 def build_channels(cfg: Config, producer: Any = None) -> dict[str, tuple[Channel, Route, float]]:
@@ -76,8 +83,7 @@ def build_channels(cfg: Config, producer: Any = None) -> dict[str, tuple[Channel
             found["webhook"] = (WebhookChannel(a.webhook_url, a.webhook_secret),
                                 Route.parse(a.webhook_route), 10.0)
         if a.kafka_alerts:
-            producer = producer or KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
-                                                 **cfg.kafka_client)
+            producer = producer or kafka_producer(cfg)
             found["kafka"] = (KafkaAlertsChannel(producer, topics.topic(
                 topics.ALERTS, cfg.kafka.topic_prefix)), Route.parse(a.kafka_alerts_route), 100.0)
     except ValueError as exc:
@@ -99,13 +105,12 @@ def build_executor(cfg: Config) -> Executor:
 
 
 def build_remediator(cfg: Config, state: LiveState,
-                     escalate: Callable[[dict[str, Any]], None] | None = None
+                     escalate: Callable[[Detection], None] | None = None
                      ) -> Remediator | None:
     """The remediator when enabled; its audit also goes to the ``vigil.actions`` topic."""
     if not cfg.alerter.remediation_enabled:
         return None
-    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
-                             **cfg.kafka_client)
+    producer = kafka_producer(cfg)
     topic = topics.topic(topics.ACTIONS, cfg.kafka.topic_prefix)
 
     def publish(record: dict[str, Any]) -> None:
@@ -117,7 +122,7 @@ def build_remediator(cfg: Config, state: LiveState,
         except Exception:  # the Redis audit already has it; say so and go on
             log.exception("could not publish remediation audit %s to %s", record["id"], topic)
 
-    def is_open(det: dict[str, Any]) -> bool:
+    def is_open(det: Detection) -> bool:
         return any(d["id"] == det["id"] for d in state.open_incidents(job=det["job"]))
 
     return Remediator(cfg.alerter, state.r, state.prefix, build_executor(cfg), is_open, publish,
@@ -160,7 +165,7 @@ class Alerter:
             if self.remediator is not None:
                 self.remediator.consider(det)
 
-    def _outcome(self, channel: str, det: dict[str, Any], result: str, attempts: int,
+    def _outcome(self, channel: str, det: Detection, result: str, attempts: int,
                  why: str) -> None:
         self.outcomes[channel, result] = self.outcomes.get((channel, result), 0) + 1
 
@@ -171,12 +176,12 @@ class Alerter:
 
         self.outage.write_or_defer(write)
 
-    def _escalate(self, det: dict[str, Any]) -> None:
+    def _escalate(self, det: Detection) -> None:
         """Tell people at once, on every pager channel, whatever its route says."""
         self._dispatch([(name, det) for name, route in self.router.routes.items()
                         if route.pager])
 
-    def _dispatch(self, pairs: list[tuple[str, dict[str, Any]]]) -> None:
+    def _dispatch(self, pairs: list[tuple[str, Detection]]) -> None:
         for name, det in pairs:
             self.workers[name].submit(det)
 
@@ -223,7 +228,7 @@ class Alerter:
             except redis.RedisError as exc:
                 self.outage.lost(exc)
 
-    def _apply(self, det: dict[str, Any]) -> None:
+    def _apply(self, det: Detection) -> None:
         """Redis first; without Redis, de-duplicate in memory and deliver anyway."""
         fresh: bool | None = None
         if not self.outage.ongoing:  # Redis believed up
@@ -249,7 +254,7 @@ class Alerter:
                     self.outage.to_consider.popleft()):
                 pass
 
-    def _consider(self, det: dict[str, Any]) -> bool:
+    def _consider(self, det: Detection) -> bool:
         """Hand a new detection to remediation; kept for later if Redis fails."""
         if self.remediator is None:
             return True

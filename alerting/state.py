@@ -31,6 +31,8 @@ from typing import Any
 
 import redis
 
+from contracts.messages import Detection
+
 _APPLY = """
 local cur = redis.call('HGET', KEYS[1], 'detected_at')
 local cur_rank = tonumber(redis.call('HGET', KEYS[1], 'rank') or '-1')
@@ -98,7 +100,7 @@ class LiveState:
     def updates_channel(self) -> str:
         return f"{self.prefix}:updates"
 
-    def apply(self, det: dict[str, Any]) -> bool:
+    def apply(self, det: Detection) -> bool:
         """Record one validated detection; False when it was a duplicate or stale."""
         job, incident = det["job"], det["id"]
         body = json.dumps(det, separators=(",", ":"), sort_keys=True)
@@ -129,7 +131,7 @@ class LiveState:
         fields: list[bytes] = self.r.hkeys(self.incident_key(job, incident))  # type: ignore[assignment]
         return {f.decode()[5:] for f in fields if f.startswith(b"told:")}
 
-    def log_delivery(self, channel: str, det: dict[str, Any], result: str, attempts: int,
+    def log_delivery(self, channel: str, det: Detection, result: str, attempts: int,
                      why: str) -> None:
         """Append to the delivery log; dead letters also go to ``P:undelivered``."""
         entry: dict[Any, Any] = {"channel": channel, "incident": det["id"], "job": det["job"],
@@ -147,11 +149,11 @@ class LiveState:
             f"{self.prefix}:deliveries", count=count)
         return [{k.decode(): v.decode() for k, v in f.items()} for _, f in entries]
 
-    def open_incidents(self, job: str | None = None) -> list[dict[str, Any]]:
+    def open_incidents(self, job: str | None = None) -> list[Detection]:
         """Firing detections of one job, or of the whole fleet."""
         members: set[bytes] = self.r.smembers(self.jobs_key)  # type: ignore[assignment]
         jobs = [job] if job else sorted(m.decode() for m in members)
-        out: list[dict[str, Any]] = []
+        out: list[Detection] = []
         for j in jobs:
             out.extend(json.loads(v) for v in self.r.hvals(self.open_key(j)))
         return out

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from contracts import topics
 from contracts.codec import decode_detection
@@ -92,15 +93,17 @@ async def _group_outcome(bootstrap: str, prefix: str, group: str) -> tuple[int, 
     return committed, ends, jobs
 
 
+def _samples(port: int) -> list[Any]:
+    """Every sample on a worker's /metrics, read by prometheus_client's parser."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+        text = resp.read().decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
 def _histogram(port: int, name: str) -> list[tuple[float, float]]:
     """(upper bound, cumulative count) of a histogram on /metrics."""
-    out = []
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + "_bucket{"):
-                bound = line.split('le="', 1)[1].split('"', 1)[0]
-                out.append((float(bound), float(line.split()[-1])))
-    return out
+    return [(float(s.labels["le"]), float(s.value)) for s in _samples(port)
+            if s.name == name + "_bucket"]
 
 
 def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
@@ -112,15 +115,10 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return float("nan")
 
 
-def _metric(port: int, name: str, label: str = "") -> float:
-    """Sum of every series of a counter on the worker's /metrics (whose labels hold ``label``)."""
-    total = 0.0
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-        for line in resp.read().decode().splitlines():
-            series = line.split("{", 1)[0].split(" ", 1)[0]
-            if series in (name, name + "_total") and label in line:
-                total += float(line.split()[-1])
-    return total
+def _metric(port: int, name: str, **labels: str) -> float:
+    """Sum of every series of a counter or gauge on /metrics whose labels include ``labels``."""
+    return sum(float(s.value) for s in _samples(port) if s.name in (name, name + "_total")
+               and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 def main() -> int:
@@ -185,7 +183,7 @@ def main() -> int:
         elapsed = last - (first or last) if first else 0.0
         rate = (total - first_count) / elapsed if elapsed > 0 else 0.0
         alive = [port for port, w in zip(ports, workers, strict=True) if w.poll() is None]
-        offsets = {outcome: sum(_metric(port, "vigil_worker_offset_events", f'"{outcome}"')
+        offsets = {outcome: sum(_metric(port, "vigil_worker_offset_events", outcome=outcome)
                                 for port in alive)
                    for outcome in ("replayed", "gap", "refetch", "lost_to_retention")}
     finally:

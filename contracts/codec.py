@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import operator
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
 from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
 from contracts.errors import ContractError
+from contracts.messages import Detection, Sample
 
 MAX_MESSAGE_BYTES = 512 << 10  # under the broker's 1 MB default: oversize reaches us
 MAX_ID_CHARS = 256
@@ -129,7 +131,7 @@ def _check_schema(message: dict[str, Any], expected: str) -> None:
         raise ContractError("unknown_schema", f"schema {schema!r}, expected {expected!r}")
 
 
-def validate_sample(message: Any) -> dict[str, Any]:
+def validate_sample(message: Any) -> Sample:
     """Check one decoded ``vigil.sample/1``; return it unchanged or raise ContractError."""
     sample = _object(message, "sample")
     _check_schema(sample, SAMPLE_SCHEMA)
@@ -154,10 +156,10 @@ def validate_sample(message: Any) -> dict[str, Any]:
         _metrics(readings, f"nics.{nic}", NIC_METRICS, _NIC_CEILINGS)
     if "meta" in sample:
         _object(sample["meta"], "meta")
-    return sample
+    return cast(Sample, sample)
 
 
-def validate_detection(message: Any) -> dict[str, Any]:
+def validate_detection(message: Any) -> Detection:
     """Check one decoded ``vigil.detection/1``; return it unchanged or raise ContractError."""
     det = _object(message, "detection")
     _check_schema(det, DETECTION_SCHEMA)
@@ -180,29 +182,29 @@ def validate_detection(message: Any) -> dict[str, Any]:
     if not isinstance(det["summary"], str):
         raise ContractError("wrong_type", "summary must be a string")
     _object(det["evidence"], "evidence")
-    return det
+    return cast(Detection, det)
 
 
-def decode_sample(raw: bytes | str) -> dict[str, Any]:
+def decode_sample(raw: bytes | str) -> Sample:
     """Bytes from Kafka or a trace line → a validated sample dict."""
     return validate_sample(parse_json(raw))
 
 
-def decode_detection(raw: bytes | str) -> dict[str, Any]:
+def decode_detection(raw: bytes | str) -> Detection:
     """Bytes from Kafka or a replay line → a validated detection dict."""
     return validate_detection(parse_json(raw))
 
 
-def _dump(message: dict[str, Any]) -> bytes:
+def _dump(message: Mapping[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":"), allow_nan=False,
                       ensure_ascii=False).encode()
 
 
-def encode_sample(sample: dict[str, Any]) -> bytes:
+def encode_sample(sample: Sample) -> bytes:
     """A sample dict → compact UTF-8 JSON, validated first so nothing bad is published."""
     return _dump(validate_sample(sample))
 
 
-def encode_detection(detection: dict[str, Any]) -> bytes:
+def encode_detection(detection: Detection) -> bytes:
     """A detection dict → compact UTF-8 JSON, validated first."""
     return _dump(validate_detection(detection))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from contracts.messages import Sample
 from detectors.health import SLOWDOWN_BITS
 
 FOR_SECONDS = 60.0
@@ -22,7 +23,7 @@ class StaticRules:
         self.pending: dict[tuple[str, str, str], float] = {}
         self.fired: set[tuple[str, str, str]] = set()
 
-    def feed(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, sample: Sample) -> list[dict[str, Any]]:
         """Detections (as minimal dicts) that this sample makes fire."""
         ts, node = sample["ts"], sample["node"]
         out = []

@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from contracts.codec import DETECTION_KINDS
 from contracts.config import DetectConfig
+from contracts.messages import Detection, Sample
 from detectors import hang, links, network, straggler
 from detectors.findings import Finding
 from detectors.hang import HangParams, find_hang
@@ -30,8 +32,7 @@ from detectors.window import ALL_GPU_METRICS, ALL_NIC_METRICS, JobWindow, Window
 _DETECTORS = (hang, links, network, straggler)
 WINDOW_GPU = tuple(m for m in ALL_GPU_METRICS if any(m in d.GPU_READS for d in _DETECTORS))
 WINDOW_NIC = tuple(m for m in ALL_NIC_METRICS if any(m in d.NIC_READS for d in _DETECTORS))
-EVALUATED_KINDS = {"straggler", "network_bound", "hang", "gpu_health", "link_health",
-                   "node_silent"}
+EVALUATED_KINDS = set(DETECTION_KINDS)  # every kind is re-evaluated at each step
 
 
 class JobEngine:
@@ -66,7 +67,7 @@ class JobEngine:
                 "health": self.health.to_state(), "peer_memory": self.peer_memory,
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 
-    def ingest(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+    def ingest(self, sample: Sample) -> list[Detection]:
         """Fold a validated sample in; returns detections firing on this sample.
 
         A sample for a bin already evaluated is counted in ``late`` and ignored.
@@ -84,12 +85,12 @@ class JobEngine:
             return []
         return self._with_job_size(self.tracker.update(sample["ts"], immediate, set()))
 
-    def advance(self) -> list[dict[str, Any]]:
+    def advance(self) -> list[Detection]:
         """Evaluate every bin closed by the watermark; return detections to publish."""
         if self.max_ts is None or self.next_bin is None:
             return []
         closed = self.window.bin_of(self.max_ts - self.cfg.grace_seconds)  # first open bin
-        out: list[dict[str, Any]] = []
+        out: list[Detection] = []
         if closed - self.next_bin > self.window_bins:  # a long gap: skip empty history
             self.next_bin = closed - self.window_bins
         if self.next_bin >= closed:
@@ -128,12 +129,12 @@ class JobEngine:
             found.extend(find_stragglers(view, self.stragglers, self.peer_memory))
         return found
 
-    def _evaluate(self, last_bin: int) -> list[dict[str, Any]]:
+    def _evaluate(self, last_bin: int) -> list[Detection]:
         now = (last_bin + 1) * self.cfg.bin_seconds
         out = self.tracker.update(now, self.findings(last_bin), EVALUATED_KINDS)
         return self._with_job_size(out)
 
-    def _with_job_size(self, detections: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _with_job_size(self, detections: list[Detection]) -> list[Detection]:
         """Add ``evidence.job_nodes`` (nodes heard from recently): remediation limits
         act on a share of the job."""
         if detections:
@@ -150,7 +151,7 @@ class ReplayRunner:
         self.cfg = cfg
         self.engines: dict[str, JobEngine] = {}
 
-    def feed(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, sample: Sample) -> list[Detection]:
         """Ingest one validated sample and return any detections it triggers."""
         if not sample["job"]:
             return []

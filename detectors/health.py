@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.messages import Sample
 from detectors.findings import Finding
 
 # XID → (action, severity, meaning). From NVIDIA's XID catalogue; unknown codes
@@ -77,7 +78,7 @@ class HealthMonitor:
         """JSON-able state for a table or a checkpoint."""
         return {"gpus": self.gpus, "nodes": self.nodes}
 
-    def ingest(self, sample: dict[str, Any]) -> list[Finding]:
+    def ingest(self, sample: Sample) -> list[Finding]:
         """Fold one sample in; return findings that must fire on this very sample."""
         ts, node = sample["ts"], sample["node"]
         self.nodes[node] = max(ts, self.nodes.get(node, ts))

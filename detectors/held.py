@@ -15,11 +15,10 @@ monitor exactly as sent, so one XID is never repeated.
 
 from __future__ import annotations
 
-from typing import Any
+from contracts.messages import Sample
 
 # node → section ("g" GPUs, "n" NICs) → device → metric → [value, event time]
 HeldState = dict[str, dict[str, dict[str, dict[str, list[float]]]]]
-_SECTIONS = (("g", "gpus"), ("n", "nics"))
 
 
 class HeldReadings:
@@ -35,16 +34,16 @@ class HeldReadings:
         """The held values, for a checkpoint."""
         return self.state
 
-    def fill(self, sample: dict[str, Any]) -> dict[str, Any]:
+    def fill(self, sample: Sample) -> Sample:
         """``sample`` with the held values of the window metrics it lacks (a new dict;
         the input is not changed). Newer readings replace held ones."""
         ts = sample["ts"]
         mine = self.state.setdefault(sample["node"], {"g": {}, "n": {}})
-        out = dict(sample)
-        for section, key in _SECTIONS:
+        filled = {}
+        for section, devices_in in (("g", sample["gpus"]), ("n", sample["nics"])):
             wanted = self._wanted[section]
             devices = {}
-            for dev, readings in sample[key].items():
+            for dev, readings in devices_in.items():
                 held = mine[section].setdefault(dev, {})
                 for name, value in readings.items():
                     if name in wanted and (name not in held or ts >= held[name][1]):
@@ -56,8 +55,8 @@ class HeldReadings:
                             merged = dict(readings)
                         merged[name] = value
                 devices[dev] = merged
-            out[key] = devices
-        return out
+            filled[section] = devices
+        return {**sample, "gpus": filled["g"], "nics": filled["n"]}
 
     def forget_before(self, ts: float) -> None:
         """Drop values published before ``ts`` (they can no longer be held), and the

@@ -12,6 +12,7 @@ import hashlib
 from typing import Any
 
 from contracts import DETECTION_SCHEMA
+from contracts.messages import Detection
 from detectors.findings import Finding
 
 
@@ -35,17 +36,17 @@ class IncidentTracker:
         """JSON-able state for a table or a checkpoint."""
         return {"conditions": self.conditions}
 
-    def open_incidents(self) -> list[dict[str, Any]]:
+    def open_incidents(self) -> list[Detection]:
         """The firing detections that have not resolved yet."""
         return [c["detection"] for c in self.conditions.values() if c.get("firing")]
 
-    def update(self, now: float, findings: list[Finding], kinds: set[str]) -> list[dict[str, Any]]:
+    def update(self, now: float, findings: list[Finding], kinds: set[str]) -> list[Detection]:
         """Apply one evaluation at event time ``now`` covering detection ``kinds``.
 
         Conditions of those kinds that are not among ``findings`` count towards
         resolving. Returns the detections to publish (firing and resolved).
         """
-        out: list[dict[str, Any]] = []
+        out: list[Detection] = []
         seen = {f.key: f for f in findings}
         for key, finding in seen.items():
             cond = self.conditions.setdefault(
@@ -68,14 +69,15 @@ class IncidentTracker:
             cond["off"] += 1
             cond["on"] = 0
             if cond["off"] >= self.resolve_after:
-                resolved = dict(cond["detection"], state="resolved", detected_at=now)
-                resolved["summary"] = "Resolved: " + cond["detection"]["summary"]
+                fired: Detection = cond["detection"]
+                resolved: Detection = {**fired, "state": "resolved", "detected_at": now,
+                                       "summary": "Resolved: " + fired["summary"]}
                 out.append(resolved)
                 del self.conditions[key]
         return out
 
     def _detection(self, f: Finding, key: str, since: float, now: float,
-                   state: str) -> dict[str, Any]:
+                   state: str) -> Detection:
         return {
             "schema": DETECTION_SCHEMA,
             "id": incident_id(self.job, key, since),

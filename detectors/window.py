@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from contracts.catalog import GPU_METRICS, NIC_METRICS
+from contracts.messages import Sample
 from detectors.robust import Array
 
 # Codes and bitmasks have no meaningful mean: the health detector reads them per sample.
@@ -51,7 +52,7 @@ class JobWindow:
         """The bin a timestamp falls in."""
         return math.floor(ts / self.bin_seconds)
 
-    def add(self, sample: dict[str, Any]) -> None:
+    def add(self, sample: Sample) -> None:
         """Fold one validated sample into its bin."""
         node_bin = self.bins.setdefault(str(self.bin_of(sample["ts"])), {}).setdefault(
             sample["node"], {"g": {}, "n": {}})

@@ -14,9 +14,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from contracts import SAMPLE_SCHEMA
+from contracts.messages import Sample
 from producers.reading import Reading, Source
 from producers.sampler import AdaptiveSampler
 
@@ -28,7 +29,7 @@ META_KEYS = ("gpu_models", "gpu_uuids", "xid_history")
 
 
 class Sink(Protocol):
-    def publish(self, sample: dict[str, Any]) -> None: ...
+    def publish(self, sample: Sample) -> None: ...
 
 
 class Agent:
@@ -48,7 +49,7 @@ class Agent:
         self.errors: Counter[str] = Counter()
         self.ticks = 0
 
-    def tick(self) -> dict[str, Any]:
+    def tick(self) -> Sample:
         """Read, sample and publish once; returns the sample handed to the sink."""
         now = self.monotonic()
         reading = Reading()
@@ -58,7 +59,7 @@ class Agent:
             except Exception as exc:  # one broken source must not stop the others
                 self.errors[f"source:{name}:{type(exc).__name__}"] += 1
                 log.warning("source %s failed: %s", name, exc)
-        sample = {
+        sample: Sample = {
             "schema": SAMPLE_SCHEMA, "ts": round(self.wall(), 3), "job": self.job_of(),
             "node": self.node,
             "gpus": {g: dict(m) for g, m in reading.gpus.items()}, "host": dict(reading.host),

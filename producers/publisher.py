@@ -29,6 +29,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
 from contracts.codec import encode_sample
+from contracts.messages import Sample
 from producers.spool import DiskSpool
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class KafkaPublisher:
         self.failed += 1
         log.warning("publish failed: %s", exc)
 
-    def publish(self, sample: dict[str, Any]) -> None:
+    def publish(self, sample: Sample) -> None:
         """Queue one sample (validated first: nothing off-contract leaves the node)."""
         future = self._producer.send(self.topic, key=sample["job"].encode(),
                                      value=encode_sample(sample))
@@ -108,7 +109,7 @@ class BufferedPublisher:
         else:
             self._dropped += 1
 
-    def publish(self, sample: dict[str, Any]) -> None:
+    def publish(self, sample: Sample) -> None:
         """Validate, encode and buffer; never blocks on Kafka."""
         item = (time.monotonic(), sample["job"].encode(), encode_sample(sample))
         with self._lock:

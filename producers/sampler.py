@@ -29,9 +29,9 @@ import random
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from contracts.catalog import CATALOG, Kind, Metric, Scope
+from contracts.messages import Sample
 
 # A change smaller than this (per unit) is noise, whatever the peak.
 NOISE_FLOOR = {"ratio": 0.01, "W": 5.0, "°C": 1.0, "MHz": 15.0, "bytes": float(1 << 20),
@@ -116,7 +116,7 @@ class AdaptiveSampler:
             return self._publish(s, metric, now, reset=self._unstable(metric, s))
         return None
 
-    def thin(self, sample: dict[str, Any], now: float) -> dict[str, Any]:
+    def thin(self, sample: Sample, now: float) -> Sample:
         """A full-rate sample as the agent publishes it: every reading offered at
         ``now`` (the sampler's clock), only those to publish now kept. One sampler
         per node: series are keyed by device, not by node."""

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from contracts import SAMPLE_SCHEMA
+from contracts.messages import Sample
 
 GPUS_PER_NODE = 8
 NOMINAL_SM_CLOCK = 1980.0
@@ -148,10 +149,10 @@ class Simulator:
     def _faults(self, job: str, t: float) -> list[Fault]:
         return [f for f in self.cluster.faults if f.job == job and f.active(t)]
 
-    def samples(self, duration: float) -> Iterator[dict[str, Any]]:
+    def samples(self, duration: float) -> Iterator[Sample]:
         """Every node's sample per tick over ``duration`` seconds, in arrival order."""
         ticks = int(math.ceil(duration / self.tick))
-        pending: list[tuple[float, int, dict[str, Any]]] = []
+        pending: list[tuple[float, int, Sample]] = []
         seq = 0
         for i in range(ticks):
             t = self.start + (i + 1) * self.tick
@@ -170,7 +171,7 @@ class Simulator:
     def _event(self, job: JobSpec, t: float) -> str | None:
         return next((e.kind for e in job.events if e.start <= t < e.end), None)
 
-    def _job_tick(self, job: JobSpec, t: float) -> Iterator[dict[str, Any]]:
+    def _job_tick(self, job: JobSpec, t: float) -> Iterator[Sample]:
         rng = self._rng
         faults = self._faults(job.name, t)
         kinds = {f.kind for f in faults}
@@ -225,7 +226,7 @@ class Simulator:
 
     def _node_sample(self, job: JobSpec, node: str, t: float,
                      states: dict[tuple[str, str], _GpuState], faults: list[Fault],
-                     event: str | None, kinds: set[str]) -> dict[str, Any]:
+                     event: str | None, kinds: set[str]) -> Sample:
         rng = self._rng
         gpus: dict[str, dict[str, float]] = {}
         for g in range(job.gpus_per_node):

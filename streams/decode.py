@@ -8,14 +8,13 @@ reason is exactly the one `contracts.codec` gives.
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 from contracts.codec import MAX_MESSAGE_BYTES, decode_sample, validate_sample
+from contracts.messages import Sample
 
 
-def decode_sample_fast(raw: bytes) -> dict[str, Any]:
+def decode_sample_fast(raw: bytes) -> Sample:
     """Bytes from Kafka → a validated sample dict, or ``ContractError`` with its reason."""
     if raw is None or len(raw) > MAX_MESSAGE_BYTES:
         return decode_sample(raw or b"")

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from contracts.codec import encode_detection
 from contracts.config import Config
 from contracts.errors import ContractError
+from contracts.messages import Detection, Sample
 from contracts.status import HEAT_METRICS, job_status, worker_status
 from detectors.engine import JobEngine
 from streams.deadletter import deadletter_record
@@ -92,7 +93,7 @@ class BatchProcessor:
 
     async def handle(self, admitted: list[Delivered]) -> None:
         """One batch of samples the offset guard admitted, in partition order."""
-        by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        by_job: dict[str, list[Sample]] = defaultdict(list)
         newest_append = 0.0
         for event in admitted:
             msg = event.message
@@ -112,11 +113,11 @@ class BatchProcessor:
         for job, job_samples in by_job.items():
             await self._job_batch(job, job_samples, newest_append)
 
-    async def _job_batch(self, job: str, samples: list[dict[str, Any]],
+    async def _job_batch(self, job: str, samples: list[Sample],
                          newest_append: float) -> None:
         engine = self.engine_for(job)
         late_before, step_before = engine.late, engine.next_bin
-        found: list[dict[str, Any]] = []
+        found: list[Detection] = []
         for sample in sorted(samples, key=lambda s: s["ts"]):
             found.extend(engine.ingest(sample))
         self.metrics.late.inc(engine.late - late_before)

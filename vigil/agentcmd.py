@@ -18,6 +18,7 @@ from contracts import topics
 from contracts.codec import encode_sample
 from contracts.config import Config
 from contracts.errors import ConfigError
+from contracts.messages import Sample
 from producers.agent import Agent
 from producers.attribution import SlurmJob, StaticJob
 from producers.reading import Source
@@ -32,7 +33,7 @@ class JsonLinesSink:
     def __init__(self, path: str) -> None:
         self.fh = sys.stdout.buffer if path == "-" else open(path, "ab")
 
-    def publish(self, sample: dict[str, Any]) -> None:
+    def publish(self, sample: Sample) -> None:
         self.fh.write(encode_sample(sample) + b"\n")
         self.fh.flush()
 

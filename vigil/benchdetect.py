@@ -7,10 +7,13 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.codec import DETECTION_KINDS
 from contracts.config import DetectConfig
+from contracts.messages import Detection
 from detectors.baseline import StaticRules
 from detectors.engine import ReplayRunner
 from producers.sampler import AdaptiveSampler, SamplingConfig
@@ -18,11 +21,11 @@ from simulator.cluster import FAULT_KINDS, JOB_LEVEL_FAULTS, NODE_LEVEL_FAULTS, 
 from vigil.scenarios import Scenario, suite
 
 SKEW_TOLERANCE = 10.0  # detections may carry node clocks a few seconds early
-KINDS = ("straggler", "network_bound", "hang", "gpu_health", "link_health", "node_silent")
 
 
-def matches(det: dict[str, Any], label: dict[str, Any]) -> bool:
-    """True when a firing detection correctly reports a ground-truth fault."""
+def matches(det: Mapping[str, Any], label: dict[str, Any]) -> bool:
+    """True when a firing detection (Vigil's, or a static rule's alike) correctly
+    reports a ground-truth fault."""
     if det["job"] != label["job"] or det["kind"] not in FAULT_KINDS[label["kind"]]:
         return False
     if det["detected_at"] < label["start"] - SKEW_TOLERANCE:
@@ -47,7 +50,7 @@ class Tally:
     misses: list[str] = field(default_factory=list)
     false_alarms: list[str] = field(default_factory=list)
 
-    def score(self, scenario: Scenario, dets: list[dict[str, Any]]) -> None:
+    def score(self, scenario: Scenario, dets: Sequence[Mapping[str, Any]]) -> None:
         labels = scenario.cluster.labels()
         firing = [d for d in dets if d["state"] == "firing"]
         for det in firing:
@@ -70,7 +73,7 @@ class Tally:
 
     def table(self) -> dict[str, dict[str, float | int | None]]:
         rows: dict[str, dict[str, float | int | None]] = {}
-        for kind in (*KINDS, "overall"):
+        for kind in (*DETECTION_KINDS, "overall"):
             if kind == "overall":
                 labels, found = sum(self.labels.values()), sum(self.found.values())
                 fired, correct = sum(self.fired.values()), sum(self.correct.values())
@@ -102,7 +105,7 @@ def run_suite(scenarios: list[Scenario], cfg: DetectConfig,
     for sc in scenarios:
         runner, rules = ReplayRunner(cfg), StaticRules()
         samplers: dict[str, AdaptiveSampler] = {}
-        vigil_dets: list[dict[str, Any]] = []
+        vigil_dets: list[Detection] = []
         static_dets: list[dict[str, Any]] = []
         for sample in Simulator(sc.cluster, sc.start, seed=sc.seed).samples(sc.duration):
             samples += 1
@@ -134,7 +137,7 @@ def report(vigil: Tally, static: Tally) -> str:
              f"{'max s':>6} | {'static':>6} {'prec':>5} {'F1':>5} {'med s':>6}",
              "-" * 86]
     vt, st = vigil.table(), static.table()
-    for kind in (*KINDS, "overall"):
+    for kind in (*DETECTION_KINDS, "overall"):
         v, s = vt[kind], st[kind]
         lines.append(
             f"{kind:14} {v['labels']:>6} | {_fmt(v['recall'], True):>6} "

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from contracts import config as config_mod
+from contracts.codec import SEVERITIES
 from contracts.config import Config
 from contracts.errors import VigilError
 
@@ -187,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     alerts = add("alerts", _alerts, "list open incidents from Redis")
     alerts.add_argument("--job", help="only this job")
     alerts.add_argument("--kind", help="only this detection kind")
-    alerts.add_argument("--severity", choices=["info", "warning", "critical"])
+    alerts.add_argument("--severity", choices=SEVERITIES)
 
     top = add("top", _top, "live view: per-GPU heat, open incidents, pipeline health")
     top.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")

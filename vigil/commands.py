@@ -14,6 +14,7 @@ from typing import IO, Any
 from contracts import topics
 from contracts.codec import ContractError, decode_sample, encode_detection, encode_sample
 from contracts.config import Config
+from contracts.messages import Sample, location
 from vigil.progress import Progress
 
 log = logging.getLogger("vigil")
@@ -63,7 +64,7 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
     return 0 if pub.failed == 0 else 1
 
 
-def trace_samples(path: str, progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+def trace_samples(path: str, progress: Progress | None = None) -> Iterator[Sample]:
     """Valid samples of a JSON-lines trace; bad lines are logged with their reason."""
     bad = 0
     with _open(path, "rb") as trace:
@@ -101,7 +102,7 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def topic_samples(cfg: Config, job: str, progress: Progress | None = None,
-                  ) -> Iterator[dict[str, Any]]:
+                  ) -> Iterator[Sample]:
     """One job's valid samples in the samples topic, oldest first, up to its end now."""
     from kafka import KafkaConsumer, TopicPartition
 
@@ -173,9 +174,7 @@ def alerts(cfg: Config, args: argparse.Namespace) -> int:
     if not rows:
         print("no open incidents")
     for det in sorted(rows, key=lambda d: -d["detected_at"]):
-        where = det["node"] or "-"
-        if det["gpu"] is not None:
-            where += f" gpu {det['gpu']}"
+        where = location(det["node"], det["gpu"])
         print(f"{det['severity']:8} {det['kind']:13} {det['job']:12} {where:28} {det['summary']}")
     return 0
 
@@ -292,7 +291,6 @@ def actions(cfg: Config, args: argparse.Namespace) -> int:
         print("no remediation decisions")
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["decided_at"]))
-        gpu = f" gpu {r['gpu']}" if r.get("gpu") is not None else ""
-        print(f"{when} {r['decision']:9} {r['action']:17} {r['job']:12} {r['node']}{gpu}: "
-              f"{r['why']}")
+        print(f"{when} {r['decision']:9} {r['action']:17} {r['job']:12} "
+              f"{location(r['node'], r.get('gpu'))}: {r['why']}")
     return 0

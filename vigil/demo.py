@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from alerting.state import LiveState
 from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config, load
+from contracts.messages import Detection, location
 from detectors.baseline import StaticRules
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil import localstack, top
@@ -96,10 +98,6 @@ def _publish_realtime(cfg: Config, sim: Simulator, stop: threading.Event) -> Non
         pub.close()
 
 
-def _where(node: str | None, gpu: str | None) -> str:
-    return "whole job" if node is None else node + (f" GPU {gpu}" if gpu is not None else "")
-
-
 def static_rules(cluster: Cluster, start: float) -> list[dict[str, Any]]:
     """What today's static dcgm-exporter rules fire on the very same samples."""
     rules = StaticRules()
@@ -107,17 +105,18 @@ def static_rules(cluster: Cluster, start: float) -> list[dict[str, Any]]:
             for d in rules.feed(sample)]
 
 
-def _first(found: list[dict[str, Any]], label: dict[str, Any]) -> dict[str, Any] | None:
+def _first(found: Sequence[Mapping[str, Any]], label: dict[str, Any],
+           ) -> Mapping[str, Any] | None:
     hits = sorted((d for d in found if matches(d, label)), key=lambda d: d["detected_at"])
     return hits[0] if hits else None
 
 
-def _delay(det: dict[str, Any] | None, label: dict[str, Any]) -> float:
+def _delay(det: Mapping[str, Any] | None, label: dict[str, Any]) -> float:
     """Seconds from fault onset to detection (a detection on the onset sample is 0)."""
     return float("nan") if det is None else max(0.0, det["detected_at"] - label["start"])
 
 
-def summary(cluster: Cluster, start: float, found: list[dict[str, Any]],
+def summary(cluster: Cluster, start: float, found: list[Detection],
             static: list[dict[str, Any]]) -> tuple[str, int]:
     """The closing table (Vigil beside the static rules) and the faults Vigil missed."""
     firing = [d for d in found if d["state"] == "firing"]
@@ -131,7 +130,7 @@ def summary(cluster: Cluster, start: float, found: list[dict[str, Any]],
         missed += first is None
         lines.append(
             f"{label['start'] - start:>4.0f}s  {label['kind']:<13} {label['job']:<10} "
-            f"{_where(label['node'], label['gpu']):<14} "
+            f"{location(label['node'], label['gpu']):<14} "
             f"{first['kind'] if first else 'MISSED':<19} "
             f"{_delay(first, label):>5.0f}s   "
             + (f"{rule['rule']} after {_delay(rule, label):.0f}s" if rule else "missed"))
@@ -139,7 +138,7 @@ def summary(cluster: Cluster, start: float, found: list[dict[str, Any]],
     lines.append(f"\n{len(cluster.labels()) - missed} of {len(cluster.labels())} faults "
                  f"detected; {len(false)} detection(s) with no fault behind them"
                  + "".join(f"\n  unexplained: {d['kind']} {d['job']} "
-                           f"{_where(d['node'], d['gpu'])}: {d['summary']}" for d in false))
+                           f"{location(d['node'], d['gpu'])}: {d['summary']}" for d in false))
     lines.append("Static rules: XID, ECC, temperature, slowdown and PCIe-width thresholds as "
                  "dcgm-exporter +\nPrometheus users run them (detectors/baseline.py), fed the "
                  "same samples.")
@@ -180,7 +179,7 @@ def main() -> int:
     consumer = KafkaConsumer(topics.topic(topics.DETECTIONS, cfg.kafka.topic_prefix),
                              bootstrap_servers=cfg.kafka_bootstrap,
                              auto_offset_reset="earliest", **cfg.kafka_client)
-    found: list[dict[str, Any]] = []
+    found: list[Detection] = []
     try:
         next_frame = 0.0
         while time.time() < start + DURATION + SETTLE:
@@ -190,7 +189,7 @@ def main() -> int:
                     found.append(det)
                     if not interactive:
                         print(f"  t+{det['detected_at'] - start:>4.0f}s [{det['state']}] "
-                              f"{det['kind']} {det['job']} {_where(det['node'], det['gpu'])}: "
+                              f"{det['kind']} {det['job']} {location(det['node'], det['gpu'])}: "
                               f"{det['summary']}", flush=True)
             if time.monotonic() >= next_frame:
                 next_frame = time.monotonic() + (2 if interactive else 30)

@@ -15,16 +15,16 @@ import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from contracts.config import DetectConfig
-from contracts.status import gpu_key_order
+from contracts.messages import Detection, Sample
+from contracts.status import HEAT_METRICS, gpu_key_order
 from detectors.engine import JobEngine
 from detectors.robust import robust_z
 
-HEAT = ("sm_active", "tensor_active", "dram_active")
+HEAT = HEAT_METRICS  # the live view's and the report's heat: one list
 TENSOR_PEAK_QUANTILE = 0.99
 MOSTLY_LOW_TENSOR = 0.35  # Moneo: tensor-core peaks under 35 % in real training
 STANDS_OUT_Z = 3.5
@@ -43,7 +43,7 @@ class ReportData:
     heat: dict[str, np.ndarray]  # metric → rows × bins (NaN: no reading)
     nvlink: np.ndarray  # bytes/s over the job's GPUs, per bin
     ib: np.ndarray  # bytes/s over the job's NICs, per bin
-    detections: list[dict[str, Any]]
+    detections: list[Detection]
     samples: int
     shares: dict[str, float] = field(default_factory=dict)  # compute/communication/idle
     tensor_peaks: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per row
@@ -62,10 +62,10 @@ class ReportData:
             return np.where(counts > 0, np.nansum(m, axis=1) / np.maximum(counts, 1), np.nan)
 
 
-def build(samples: Iterable[dict[str, Any]], job: str, cfg: DetectConfig) -> ReportData:
+def build(samples: Iterable[Sample], job: str, cfg: DetectConfig) -> ReportData:
     """Bin one job's samples (arrival order) and run its detectors over them."""
     engine = JobEngine(job, cfg)
-    detections: list[dict[str, Any]] = []
+    detections: list[Detection] = []
     acc: dict[tuple[str, int], list[float]] = {}  # (row, bin) → sums + counts per metric
     node_links: dict[tuple[str, int], list[float]] = {}  # (node, bin) → [NVLink, IB, n]
     gpu_link: dict[tuple[str, int], float] = {}  # (row, bin) → NVLink bytes/s of that GPU
@@ -92,13 +92,13 @@ def build(samples: Iterable[dict[str, Any]], job: str, cfg: DetectConfig) -> Rep
             nv = (readings.get("nvlink_tx") or 0.0) + (readings.get("nvlink_rx") or 0.0)
             gpu_link[(row, b)] = max(gpu_link.get((row, b), 0.0), nv)
             node_nv += nv
-        ib = sum((n.get("ib_tx") or 0.0) + (n.get("ib_rx") or 0.0)
-                 for n in sample["nics"].values())
+        node_ib_now = sum((n.get("ib_tx") or 0.0) + (n.get("ib_rx") or 0.0)
+                          for n in sample["nics"].values())
         lk = node_links.setdefault((node, b), [0.0, 0.0, 0.0])
         lk[0] += node_nv
-        lk[1] += ib
+        lk[1] += node_ib_now
         lk[2] += 1
-        node_ib[(node, b)] = max(node_ib.get((node, b), 0.0), ib)
+        node_ib[(node, b)] = max(node_ib.get((node, b), 0.0), node_ib_now)
     rows = sorted({r for r, _ in acc}, key=gpu_key_order)
     bins = max(b for _, b in acc) + 1
     index = {r: i for i, r in enumerate(rows)}

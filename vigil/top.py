@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerting.state import LiveState
+from contracts.messages import Detection, location
 from contracts.status import HEAT_METRICS, gpu_key_order
 
 LEVELS = "▁▂▃▄▅▆▇█"  # 0 … 1; the lowest stays visible (a hung job reads ~0)
@@ -35,7 +36,7 @@ class Snapshot:
     taken_at: float
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # job → status
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)  # worker → heartbeat
-    incidents: list[dict[str, Any]] = field(default_factory=list)  # firing, newest first
+    incidents: list[Detection] = field(default_factory=list)  # firing, newest first
 
 
 def gather(state: LiveState, now: float | None = None, max_age: float = 600.0) -> Snapshot:
@@ -120,9 +121,7 @@ def render(snap: Snapshot, width: int = 120, height: int = 60, color: bool = Tru
                       "alerter running?)", ""])
     lines.append(f"{BOLD if color else ''}OPEN INCIDENTS{RESET if color else ''}")
     for det in snap.incidents[:8]:
-        where = det["node"] or "-"
-        if det["gpu"] is not None:
-            where += f" GPU {det['gpu']}"
+        where = location(det["node"], det["gpu"])
         line = (f"  {det['severity']:<8} {det['kind']:<13} {det['job']:<16} {where:<22} "
                 f"{_ago(snap.taken_at - det['detected_at']):>8}  {det['summary']}")
         lines.append(line[:width])
@@ -141,7 +140,8 @@ def render(snap: Snapshot, width: int = 120, height: int = 60, color: bool = Tru
         lines.append(f"{RED}{line}{RESET}" if stale and color else line[:width])
     if not snap.workers:
         lines.append("  no worker heartbeat")
-    silent = sorted({d["node"] for d in snap.incidents if d["kind"] == "node_silent"})
+    silent = sorted({d["node"] for d in snap.incidents
+                     if d["kind"] == "node_silent" and d["node"] is not None})
     lines.append(f"  silent agents: {', '.join(silent) if silent else 'none'}")
     return "\n".join(lines[:max(height, 10)]) + "\n"
 

@@ -1,0 +1,100 @@
+"""The shapes of Vigil's messages as ``TypedDict``s (standard library), so that mypy
+catches a misspelt or missing key where a message is built or read.
+
+They describe the JSON objects of ``docs/contract.md`` after validation; the JSON
+Schemas (``contracts/schemas``) and the validators (``contracts.codec``) stay the
+checks at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+Readings = dict[str, float]  # metric → value, in the catalog's units
+
+
+class Sample(TypedDict):
+    """``vigil.sample/1``: one node's readings at one time."""
+
+    schema: str
+    ts: float
+    job: str
+    node: str
+    gpus: dict[str, Readings]  # GPU index → readings
+    host: Readings
+    nics: dict[str, Readings]  # NIC name → readings
+    meta: NotRequired[dict[str, Any]]
+
+
+class Detection(TypedDict):
+    """``vigil.detection/1``: one incident's firing or resolved state."""
+
+    schema: str
+    id: str
+    kind: str
+    state: str  # firing, resolved
+    severity: str  # info, warning, critical
+    job: str
+    node: str | None
+    gpu: str | None
+    started_at: float
+    detected_at: float
+    metrics: list[str]
+    score: float
+    summary: str
+    evidence: dict[str, Any]
+
+
+class Action(TypedDict):
+    """A remediation action as planned, and (with the decision fields) as audited on
+    ``vigil.actions``."""
+
+    id: str
+    action: str  # drain_and_replace, reset_gpu, cordon
+    job: str
+    node: str
+    gpu: str | None
+    incident: str
+    summary: str
+    job_nodes: int
+    planned_at: float
+    due_at: float
+    decision: NotRequired[str]  # executed, dry_run, skipped, escalated, failed
+    why: NotRequired[str]
+    decided_at: NotRequired[float]
+    executor: NotRequired[str]
+    dry_run: NotRequired[bool]
+
+
+class JobStatus(TypedDict):
+    """``vigil.status/1`` of a job: the last evaluated bin's heat per GPU."""
+
+    schema: str
+    kind: Literal["job"]
+    job: str
+    ts: float
+    worker: str
+    metrics: list[str]
+    heat: dict[str, list[float | None]]  # "node/gpu" → one value per metric
+    late: int
+
+
+class WorkerStatus(TypedDict):
+    """``vigil.status/1`` of a worker: its heartbeat."""
+
+    schema: str
+    kind: Literal["worker"]
+    worker: str
+    ts: float
+    lag: dict[str, int]  # partition → messages behind
+    samples: int
+    deadletters: int
+    jobs: int
+
+
+def location(node: str | None, gpu: str | None) -> str:
+    """Where a detection or action is, as a person reads it: ``whole job`` (job-level),
+    ``node``, or ``node GPU 3``. Every view and alert text uses this one form."""
+    if node is None:
+        return "whole job"
+    return node if gpu is None else f"{node} GPU {gpu}"
