@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from contracts.config import Secret
 from contracts.errors import VigilError
+from contracts.messages import Action
 
 
 class ExecutorError(VigilError):
@@ -26,7 +27,7 @@ class ExecutorError(VigilError):
 class Executor(Protocol):
     name: str
 
-    def execute(self, action: dict[str, Any]) -> str: ...
+    def execute(self, action: Action) -> str: ...
 
 
 def _run(argv: list[str], run: Callable[..., subprocess.CompletedProcess[str]],
@@ -41,7 +42,7 @@ def _run(argv: list[str], run: Callable[..., subprocess.CompletedProcess[str]],
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def _reason(action: dict[str, Any]) -> str:
+def _reason(action: Action) -> str:
     gpu = f" gpu {action['gpu']}" if action.get("gpu") is not None else ""
     return f"vigil {action['action']}{gpu}: incident {action['incident']}"
 
@@ -57,7 +58,7 @@ class SlurmExecutor:
         self.scontrol = scontrol
         self.run = run
 
-    def execute(self, action: dict[str, Any]) -> str:
+    def execute(self, action: Action) -> str:
         return _run([self.scontrol, "update", f"NodeName={action['node']}", "State=DRAIN",
                      f"Reason={_reason(action)}"], self.run, timeout=60)
 
@@ -102,7 +103,7 @@ class KubernetesExecutor:
         except (OSError, ValueError) as exc:
             raise ExecutorError(f"Kubernetes {method} {path}: {exc}") from None
 
-    def execute(self, action: dict[str, Any]) -> str:
+    def execute(self, action: Action) -> str:
         path = f"/api/v1/nodes/{action['node']}"
         for attempt in range(1, self.CONFLICT_RETRIES + 1):
             node = self._call("GET", path)
@@ -137,7 +138,7 @@ class CommandExecutor:
             raise ExecutorError("alerter.remediation_command is empty")
         self.template = shlex.split(template)
 
-    def execute(self, action: dict[str, Any]) -> str:
+    def execute(self, action: Action) -> str:
         fields = {k: "" if v is None else str(v) for k, v in action.items()}
         return _run([part.format(**fields) for part in self.template], subprocess.run,
                     timeout=120)

@@ -22,14 +22,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import redis
 from redis.exceptions import LockError
 
 from alerting.executors import Executor, ExecutorError
 from contracts.config import AlerterConfig
-from contracts.messages import Detection
+from contracts.messages import Action, Detection
 
 log = logging.getLogger(__name__)
 WEEK = 7 * 86400.0
@@ -56,7 +55,7 @@ class Remediator:
 
     def __init__(self, cfg: AlerterConfig, r: redis.Redis, prefix: str, executor: Executor,
                  is_open: Callable[[Detection], bool],
-                 publish: Callable[[dict[str, Any]], None] | None = None,
+                 publish: Callable[[Action], None] | None = None,
                  escalate: Callable[[Detection], None] | None = None) -> None:
         self.cfg = cfg
         self.r = r
@@ -66,43 +65,46 @@ class Remediator:
         self.is_open = is_open
         self.publish = publish
         self.escalate = escalate
-        self.pending: dict[str, dict[str, Any]] = {}
+        self.pending: dict[str, tuple[Action, Detection]] = {}  # incident → planned
         self.opt_out = [p.strip() for p in cfg.opt_out.split(",") if p.strip()]
 
     def consider(self, det: Detection, now: float | None = None) -> None:
         """A detection was applied: plan an action, or cancel one whose incident resolved."""
         now = time.time() if now is None else now
         if det["state"] == "resolved":
-            action = self.pending.pop(det["id"], None)
-            if action:
-                self._audit(action, "skipped", "incident resolved before confirmation", now)
+            planned_before = self.pending.pop(det["id"], None)
+            if planned_before:
+                self._audit(planned_before[0], "skipped",
+                            "incident resolved before confirmation", now)
             return
-        planned = plan(det, self.cfg)
-        if planned is None or det["id"] in self.pending:
-            return
+        planned, node = plan(det, self.cfg), det["node"]
+        if planned is None or node is None or det["id"] in self.pending:
+            return  # (plan() asks nothing of a job-level detection)
         kind, wait = planned
-        self.pending[det["id"]] = {
+        action: Action = {
             "id": uuid.uuid5(uuid.NAMESPACE_URL, f"{det['id']}|{kind}").hex[:16],
-            "action": kind, "job": det["job"], "node": det["node"], "gpu": det["gpu"],
+            "action": kind, "job": det["job"], "node": node, "gpu": det["gpu"],
             "incident": det["id"], "summary": det["summary"],
             "job_nodes": int(det["evidence"].get("job_nodes") or 0),
-            "planned_at": now, "due_at": now + wait, "_det": det}
+            "planned_at": now, "due_at": now + wait}
+        self.pending[det["id"]] = (action, det)
 
-    def tick(self, now: float | None = None) -> list[dict[str, Any]]:
+    def tick(self, now: float | None = None) -> list[Action]:
         """Decide every action that is due; returns the audit records written."""
         now = time.time() if now is None else now
         done = []
-        for incident, action in sorted(self.pending.items(), key=lambda kv: kv[1]["due_at"]):
+        for incident, (action, det) in sorted(self.pending.items(),
+                                              key=lambda kv: kv[1][0]["due_at"]):
             if action["due_at"] > now:
                 continue
             del self.pending[incident]
-            if not self.is_open(action["_det"]):
+            if not self.is_open(det):
                 done.append(self._audit(action, "skipped", "incident no longer open", now))
                 continue
-            done.append(self._decide(action, now))
+            done.append(self._decide(action, det, now))
         return done
 
-    def _decide(self, action: dict[str, Any], now: float) -> dict[str, Any]:
+    def _decide(self, action: Action, det: Detection, now: float) -> Action:
         cfg, node, job = self.cfg, action["node"], action["job"]
         if any(fnmatch.fnmatchcase(node, p) or fnmatch.fnmatchcase(job, p)
                for p in self.opt_out):
@@ -114,7 +116,7 @@ class Remediator:
                                  f"{self.r.zcard(history)} times this week: a person decides",
                                  now)
             if self.escalate is not None:
-                self.escalate(escalation(action["_det"], record))
+                self.escalate(escalation(det, record))
             return record
         recent = f"{self.base}:recent"
         self.r.zremrangebyscore(recent, 0, now - cfg.node_cooldown_seconds)
@@ -158,11 +160,10 @@ class Remediator:
                 log.warning("remediation lock of %s expired while %s ran (over %d s); "
                             "left to its new holder", node, action["id"], LOCK_SECONDS)
 
-    def _audit(self, action: dict[str, Any], decision: str, why: str,
-               now: float) -> dict[str, Any]:
-        record = {k: v for k, v in action.items() if not k.startswith("_")}
-        record.update(decision=decision, why=why, decided_at=now,
-                      executor=self.executor.name, dry_run=self.cfg.remediation_dry_run)
+    def _audit(self, action: Action, decision: str, why: str, now: float) -> Action:
+        record: Action = {**action, "decision": decision, "why": why, "decided_at": now,
+                          "executor": self.executor.name,
+                          "dry_run": self.cfg.remediation_dry_run}
         self.r.xadd(self.audit_key, {"record": json.dumps(record, separators=(",", ":"))},
                     maxlen=10000, approximate=True)
         if self.publish is not None:
@@ -171,14 +172,14 @@ class Remediator:
         return record
 
 
-def escalation(det: Detection, record: dict[str, Any]) -> Detection:
+def escalation(det: Detection, record: Action) -> Detection:
     """A critical notification for people: the automation stepped back on this node."""
     return {**det, "id": f"{det['id']}-escalated", "severity": "critical", "state": "firing",
             "summary": f"Repeat offender {det['node']}: Vigil did not {record['action']} "
                        f"it again ({record['why']}). Original: {det['summary']}"}
 
 
-def audit_log(r: redis.Redis, prefix: str, count: int = 100) -> list[dict[str, Any]]:
+def audit_log(r: redis.Redis, prefix: str, count: int = 100) -> list[Action]:
     """The latest remediation decisions, newest first."""
     entries: list[tuple[bytes, dict[bytes, bytes]]] = r.xrevrange(  # type: ignore[assignment]
         f"{prefix}:actions", count=count)

@@ -48,7 +48,7 @@ from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
 from contracts.errors import ConfigError, ContractError
-from contracts.messages import Detection
+from contracts.messages import Action, Detection
 from contracts.status import decode_status
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def build_remediator(cfg: Config, state: LiveState,
     producer = kafka_producer(cfg)
     topic = topics.topic(topics.ACTIONS, cfg.kafka.topic_prefix)
 
-    def publish(record: dict[str, Any]) -> None:
+    def publish(record: Action) -> None:
         """Synchronous: actions are rare, and an audit record must not sit in a buffer."""
         try:
             producer.send(topic, key=record["job"].encode(),

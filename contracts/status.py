@@ -14,6 +14,7 @@ from typing import Any
 
 from contracts.codec import MAX_ID_CHARS, parse_json
 from contracts.errors import ContractError
+from contracts.messages import JobStatus, WorkerStatus
 
 STATUS_SCHEMA = "vigil.status/1"
 HEAT_METRICS = ("sm_active", "tensor_active", "dram_active")
@@ -21,14 +22,14 @@ MAX_HEAT_ENTRIES = 100_000
 
 
 def job_status(job: str, ts: float, worker: str,
-               heat: dict[str, list[float | None]], late: int) -> dict[str, Any]:
+               heat: dict[str, list[float | None]], late: int) -> JobStatus:
     """A job's status: ``heat["node/gpu"] = [sm, tensor, dram]`` (None = no reading)."""
     return {"schema": STATUS_SCHEMA, "kind": "job", "job": job, "ts": ts, "worker": worker,
             "metrics": list(HEAT_METRICS), "heat": heat, "late": late}
 
 
 def worker_status(worker: str, ts: float, lag: dict[str, int], samples: int,
-                  deadletters: int, jobs: int) -> dict[str, Any]:
+                  deadletters: int, jobs: int) -> WorkerStatus:
     """A worker's heartbeat: lag per partition and its running totals."""
     return {"schema": STATUS_SCHEMA, "kind": "worker", "worker": worker, "ts": ts,
             "lag": lag, "samples": samples, "deadletters": deadletters, "jobs": jobs}
@@ -40,13 +41,14 @@ def gpu_key_order(key: str) -> tuple[str, int]:
     return node, int(gpu) if gpu.isdigit() else 0
 
 
-def feed_key(status: dict[str, Any]) -> bytes:
+def feed_key(status: JobStatus | WorkerStatus) -> bytes:
     """The compaction key: the newest status per job and per worker survives."""
-    name = status["job"] if status["kind"] == "job" else status["worker"]
-    return f"{status['kind']}:{name}".encode()
+    if status["kind"] == "job":
+        return f"job:{status['job']}".encode()
+    return f"worker:{status['worker']}".encode()
 
 
-def encode_status(status: dict[str, Any]) -> bytes:
+def encode_status(status: JobStatus | WorkerStatus) -> bytes:
     """Compact JSON bytes."""
     return json.dumps(status, separators=(",", ":"), allow_nan=False).encode()
 

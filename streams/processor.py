@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from contracts.codec import encode_detection
 from contracts.config import Config
 from contracts.errors import ContractError
-from contracts.messages import Detection, Sample
+from contracts.messages import Detection, JobStatus, Sample, WorkerStatus
 from contracts.status import HEAT_METRICS, job_status, worker_status
 from detectors.engine import JobEngine
 from streams.deadletter import deadletter_record
@@ -147,10 +147,11 @@ class BatchProcessor:
         await flush()
         await commit_processed()
 
-    def status_messages(self, now: float, lag: dict[str, int]) -> list[dict[str, Any]]:
+    def status_messages(self, now: float,
+                        lag: dict[str, int]) -> list[JobStatus | WorkerStatus]:
         """The heat of each job evaluated since the last call, and this worker's
         heartbeat, for the status feed (`vigil top`)."""
-        out = []
+        out: list[JobStatus | WorkerStatus] = []
         for job in sorted(self.heat_due):
             engine = self.live.get(job)
             if engine is not None:
