@@ -42,7 +42,7 @@ soak: $(STAMP)
 	  $(PYTEST_ARGS) || rc=$$?; $(TEST_ENV) $(BIN)/vigil down; exit $$rc
 
 demo: $(STAMP)
-	$(BIN)/python -m vigil.demo
+	$(BIN)/python -m vigil.evaluation.demo
 
 up: $(STAMP)
 	$(BIN)/vigil up

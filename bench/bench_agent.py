@@ -19,7 +19,7 @@ import time
 import uuid
 
 from contracts.config import load
-from vigil.kafka_admin import ensure_topics
+from vigil.ops.kafka_admin import ensure_topics
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -38,7 +38,7 @@ from contracts import topics
 from contracts.config import load
 from producers.publisher import KafkaPublisher
 from simulator.cluster import Simulator
-from vigil.kafka_admin import ensure_topics
+from vigil.ops.kafka_admin import ensure_topics
 
 READY = b"[^Worker]: Ready"
 

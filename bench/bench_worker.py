@@ -37,7 +37,7 @@ from contracts.codec import decode_detection
 from contracts.config import load
 from producers.publisher import KafkaPublisher
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil.kafka_admin import ensure_topics
+from vigil.ops.kafka_admin import ensure_topics
 
 START = 1_860_000_000.0
 

@@ -68,7 +68,7 @@ def faust_floor(bypass: bool = False) -> None:
     import faust
 
     from producers.publisher import KafkaPublisher
-    from vigil.kafka_admin import ensure_topics
+    from vigil.ops.kafka_admin import ensure_topics
 
     tag = uuid.uuid4().hex[:6]
     cfg = load(env={"VIGIL_KAFKA_TOPIC_PREFIX": f"floor{tag}."})

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def run_worker(cfg: Config, replication_factor: int = 1) -> int:
     """Start the worker in this process; returns when Faust shuts down. Faust creates
     its changelog topics with ``replication_factor`` replicas (what Vigil's own topics
-    got from ``vigil.kafka_admin.ensure_topics``)."""
+    got from ``vigil.ops.kafka_admin.ensure_topics``)."""
     Path(cfg.worker.data_dir).mkdir(parents=True, exist_ok=True)
     metrics = WorkerMetrics()
     if cfg.worker.web_port:

@@ -16,19 +16,19 @@ Handler = Callable[[Config, argparse.Namespace], int]
 
 
 def _up(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil import localstack
+    from vigil.ops import localstack
     localstack.up(cfg)
     return 0
 
 
 def _down(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil import localstack
+    from vigil.ops import localstack
     localstack.down(cfg)
     return 0
 
 
 def _status(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil import localstack
+    from vigil.ops import localstack
     report = localstack.health(cfg)
     for name, state in report.items():
         print(f"{name:6} {state}")
@@ -77,7 +77,7 @@ def _select(cfg: Config, args: argparse.Namespace) -> int:
 
 def _worker(cfg: Config, args: argparse.Namespace) -> int:
     from streams.worker import run_worker
-    from vigil.kafka_admin import ensure_topics
+    from vigil.ops.kafka_admin import ensure_topics
     replication = ensure_topics(cfg)
     return run_worker(cfg, replication.factor)
 
@@ -101,14 +101,14 @@ def _top(cfg: Config, args: argparse.Namespace) -> int:
     import redis
 
     from alerting.state import LiveState
-    from vigil import top
+    from vigil.views import top
     state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
     return top.run(state, args.interval, args.once, False if args.no_color else None)
 
 
 def _bench(cfg: Config, args: argparse.Namespace) -> int:
     if args.what == "detect":
-        from vigil import benchdetect
+        from vigil.evaluation import benchdetect
         sizes = tuple(int(x) for x in args.sizes.split(","))
         seeds = tuple(int(x) for x in args.seeds.split(","))
         from vigil.agentcmd import sampling_config

@@ -45,7 +45,7 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
                 out.write(encode_sample(sample) + b"\n")
         return 0
     from producers.publisher import KafkaPublisher
-    from vigil.kafka_admin import ensure_topics
+    from vigil.ops.kafka_admin import ensure_topics
 
     ensure_topics(cfg)
     pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
@@ -136,8 +136,8 @@ def topic_samples(cfg: Config, job: str, progress: Progress | None = None,
 
 def report(cfg: Config, args: argparse.Namespace) -> int:
     """Write a job's HTML report from a trace or the samples topic."""
-    from vigil.report import build
-    from vigil.report_html import render
+    from vigil.views.report import build
+    from vigil.views.report_html import render
 
     progress = Progress(f"report {args.job}")
     samples = (trace_samples(args.trace, progress) if args.trace

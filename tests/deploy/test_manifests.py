@@ -14,7 +14,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from vigil.localstack import debian_binary
+from vigil.ops.localstack import debian_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSION = "1.30.0"

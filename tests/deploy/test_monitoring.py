@@ -16,9 +16,9 @@ import yaml
 from prometheus_client import generate_latest
 
 from alerting.metrics import alerter_registry
+from producers.metrics import agent_registry
 from streams.metrics import WorkerMetrics
-from vigil.agentcmd import agent_registry
-from vigil.localstack import debian_binary
+from vigil.ops.localstack import debian_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROM = DEPLOY / "prometheus"

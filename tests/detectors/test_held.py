@@ -11,7 +11,7 @@ from detectors.engine import ReplayRunner
 from detectors.held import HeldReadings
 from producers.sampler import AdaptiveSampler, SamplingConfig
 from simulator.cluster import Simulator
-from vigil.scenarios import suite
+from vigil.evaluation.scenarios import suite
 
 
 def _sample(ts: float, gpus: dict[str, dict[str, float]], node: str = "n1") -> dict[str, Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from contracts.config import DetectConfig
 from producers.sampler import SamplingConfig
-from vigil.benchdetect import run_suite
-from vigil.scenarios import suite
+from vigil.evaluation.benchdetect import run_suite
+from vigil.evaluation.scenarios import suite
 
 
 def test_scenario_subset_meets_the_targets() -> None:

@@ -15,7 +15,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from contracts import topics
 from contracts.codec import decode_detection, encode_sample
 from contracts.config import Config, load
-from vigil.kafka_admin import ensure_topics
+from vigil.ops.kafka_admin import ensure_topics
 
 VIGIL = [sys.executable, "-m", "vigil.cli"]
 

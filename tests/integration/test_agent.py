@@ -16,7 +16,7 @@ from contracts.catalog import GPU_METRICS
 from contracts.codec import decode_sample
 from contracts.config import Config
 from tests.integration.ports import free_port
-from vigil.kafka_admin import ensure_topics
+from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 

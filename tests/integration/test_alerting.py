@@ -24,8 +24,8 @@ from contracts.config import Config, load
 from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
 from tests.integration.ports import free_port
-from vigil.kafka_admin import ensure_topics
-from vigil.localstack import debian_binary
+from vigil.ops.kafka_admin import ensure_topics
+from vigil.ops.localstack import debian_binary
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from contracts.codec import decode_sample
 from contracts.config import Config
 from producers.publisher import BufferedPublisher
 from producers.spool import DiskSpool
-from vigil import localstack
-from vigil.kafka_admin import ensure_topics
+from vigil.ops import localstack
+from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from alerting.state import LiveState
 from contracts import topics
 from contracts.codec import validate_detection
 from contracts.config import AlerterConfig, Config, load
-from vigil.kafka_admin import ensure_topics
+from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 T0 = 1_900_000_000.0

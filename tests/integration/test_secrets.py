@@ -16,7 +16,7 @@ from contracts import topics
 from contracts.codec import encode_detection
 from contracts.config import Config
 from tests.alerting.test_delivery import det
-from vigil.kafka_admin import ensure_topics
+from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 

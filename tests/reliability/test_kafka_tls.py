@@ -13,8 +13,8 @@ import pytest
 from contracts.config import Config, load
 from tests.integration.kafka_helpers import pipeline_through, refused
 from tests.integration.ports import free_port
-from vigil import localstack
-from vigil.kafka_admin import ensure_topics
+from vigil.ops import localstack
+from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 START = 1_897_000_000.0

@@ -17,8 +17,8 @@ from contracts.codec import encode_detection
 from contracts.config import Config, load
 from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
-from vigil import localstack
-from vigil.kafka_admin import ensure_topics
+from vigil.ops import localstack
+from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 OUTAGE_SECONDS = 60.0

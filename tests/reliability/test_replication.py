@@ -24,8 +24,8 @@ from producers.publisher import BufferedPublisher
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import start_worker
 from tests.integration.ports import free_port
-from vigil import localstack
-from vigil.kafka_admin import ensure_topics
+from vigil.ops import localstack
+from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 START = 1_896_000_000.0

@@ -19,8 +19,8 @@ from contracts.config import Config
 from producers.publisher import BufferedPublisher
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
-from vigil import localstack
-from vigil.kafka_admin import ensure_topics
+from vigil.ops import localstack
+from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 START = 1_890_000_000.0

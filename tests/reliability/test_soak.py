@@ -30,7 +30,7 @@ from tests.alerting.test_delivery import det
 from tests.integration.kafka_helpers import start_worker
 from tests.integration.ports import free_port
 from tests.integration.scrape import metric
-from vigil.kafka_admin import ensure_topics
+from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
 SOAK = float(os.environ.get("SOAK_SECONDS", "600"))

@@ -70,10 +70,10 @@ def test_terminal_commands_hide_client_libraries_info_logs(command: str,
         cli.configure_logging(command, verbose=False)
         assert logging.getLogger("kafka.conn").isEnabledFor(logging.INFO) is client_info
         assert logging.getLogger("aiokafka").isEnabledFor(logging.INFO) is client_info
-        assert logging.getLogger("vigil.report").isEnabledFor(logging.INFO)  # our own stay
+        assert logging.getLogger("vigil.views.report").isEnabledFor(logging.INFO)  # our own stay
         cli.configure_logging(command, verbose=True)
         assert logging.getLogger("kafka.conn").isEnabledFor(logging.DEBUG)
-        assert logging.getLogger("vigil.report").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("vigil.views.report").isEnabledFor(logging.DEBUG)
     finally:
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
 from simulator.cluster import Simulator
-from vigil.demo import DURATION, SCHEDULE, SEED, demo_cluster, static_rules, summary
+from vigil.evaluation.demo import DURATION, SCHEDULE, SEED, demo_cluster, static_rules, summary
 
 START = 1_860_000_000.0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from contracts.config import load
-from vigil import localstack
+from vigil.ops import localstack
 
 
 def test_missing_tool_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,8 +14,8 @@ import pytest
 from contracts.codec import encode_sample
 from contracts.config import DetectConfig
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil.report import build
-from vigil.report_html import render
+from vigil.views.report import build
+from vigil.views.report_html import render
 
 START = 1_860_000_000.0
 

@@ -15,7 +15,7 @@ matplotlib.use("Agg")  # files only: no display on servers or in CI
 import matplotlib.pyplot as plt
 import numpy as np
 
-from vigil.report import HEAT, MOSTLY_LOW_TENSOR, ReportData
+from vigil.views.report import HEAT, MOSTLY_LOW_TENSOR, ReportData
 
 TITLES = {"sm_active": "SM activity", "tensor_active": "Tensor-core activity",
           "dram_active": "DRAM bandwidth utilisation"}

@@ -18,7 +18,7 @@ from detectors.baseline import StaticRules
 from detectors.engine import ReplayRunner
 from producers.sampler import AdaptiveSampler, SamplingConfig
 from simulator.cluster import FAULT_KINDS, JOB_LEVEL_FAULTS, NODE_LEVEL_FAULTS, Simulator
-from vigil.scenarios import Scenario, suite
+from vigil.evaluation.scenarios import Scenario, suite
 
 SKEW_TOLERANCE = 10.0  # detections may carry node clocks a few seconds early
 

@@ -30,9 +30,10 @@ from contracts.config import Config, load
 from contracts.messages import Detection, location
 from detectors.baseline import StaticRules
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil import localstack, top
-from vigil.benchdetect import matches
-from vigil.kafka_admin import ensure_topics
+from vigil.evaluation.benchdetect import matches
+from vigil.ops import localstack
+from vigil.ops.kafka_admin import ensure_topics
+from vigil.views import top
 
 DURATION = 115.0
 SEED = 7

@@ -27,7 +27,7 @@ from contracts.errors import VigilError
 from vigil.progress import Progress
 
 KAFKA_VERSION = "3.9.1"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 POM = REPO_ROOT / "deploy" / "local" / "pom.xml"
 _KAFKA_STARTED = "Kafka Server started"
 

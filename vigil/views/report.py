@@ -1,5 +1,5 @@
 """`vigil report JOB`: what a job's GPUs did, as numbers (this module) and as a
-self-contained HTML page with plots (``vigil.report_html``).
+self-contained HTML page with plots (``vigil.views.report_html``).
 
 From a trace file or the samples topic, the job's samples are binned in event time
 into per-GPU matrices of SM, tensor and DRAM activity (rows = ``node/gpu``), link
@@ -12,7 +12,6 @@ real training).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -22,13 +21,10 @@ from contracts.config import DetectConfig
 from contracts.messages import Detection, Sample
 from contracts.status import HEAT_METRICS, gpu_key_order
 from detectors.engine import JobEngine
-from detectors.robust import robust_z
+from detectors.job_profile import stands_out, tensor_peaks, time_shares
 
 HEAT = HEAT_METRICS  # the live view's and the report's heat: one list
-TENSOR_PEAK_QUANTILE = 0.99
 MOSTLY_LOW_TENSOR = 0.35  # Moneo: tensor-core peaks under 35 % in real training
-STANDS_OUT_Z = 3.5
-STANDS_OUT_FLOOR = 0.01  # activity differences under 1 point are noise, not a story
 MAX_BINS = 720  # longer traces get wider bins, so a plot stays readable
 
 
@@ -113,66 +109,7 @@ def build(samples: Iterable[Sample], job: str, cfg: DetectConfig) -> ReportData:
         ib[b] += ib_sum / n
     data = ReportData(job, first, bin_seconds, rows, heat, nvlink, ib,
                       [d for d in detections if d["state"] == "firing"], len(collected))
-    data.shares = _shares(data, gpu_link, node_ib)
-    data.tensor_peaks = _tensor_peaks(data)
-    data.stands_out = _stands_out(data)
+    data.shares = time_shares(rows, heat["sm_active"], gpu_link, node_ib)
+    data.tensor_peaks = tensor_peaks(heat["tensor_active"])
+    data.stands_out = stands_out(rows, {m: data.row_means(m) for m in HEAT})
     return data
-
-
-def _shares(data: ReportData, gpu_link: dict[tuple[str, int], float],
-            node_ib: dict[tuple[str, int], float]) -> dict[str, float]:
-    """An estimate of where GPU time went, averaged over GPU-bins: compute is the SM
-    activity; communication is the rest of the time while links were busy (the GPU's
-    NVLink or its node's IB, as a share of the job's peak, capped at the SM idle time);
-    idle is what remains."""
-    sm = data.heat["sm_active"]
-    nv_peak = max(gpu_link.values(), default=0.0) or 1.0
-    ib_peak = max(node_ib.values(), default=0.0) or 1.0
-    compute = comm = 0.0
-    n = 0
-    for i, row in enumerate(data.rows):
-        node = row.rpartition("/")[0]
-        for b in range(sm.shape[1]):
-            busy = sm[i, b]
-            if math.isnan(busy):
-                continue
-            n += 1
-            links = max(gpu_link.get((row, b), 0.0) / nv_peak,
-                        node_ib.get((node, b), 0.0) / ib_peak)
-            compute += busy
-            comm += min(1.0 - min(busy, 1.0), links)
-    n = max(n, 1)
-    return {"compute": compute / n, "communication": comm / n,
-            "idle": max(0.0, 1.0 - (compute + comm) / n)}
-
-
-def _tensor_peaks(data: ReportData) -> np.ndarray:
-    """Each GPU's peak tensor-core activity (its 99th percentile over bins)."""
-    t = data.heat["tensor_active"]
-    with warnings.catch_warnings():  # a GPU without tensor readings: NaN, said once here
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.asarray(np.nanquantile(t, TENSOR_PEAK_QUANTILE, axis=1))
-
-
-def _stands_out(data: ReportData) -> list[tuple[str, str, float, float]]:
-    """(GPU or node, metric, its mean, robust z) for what sits far from its peers, most
-    extreme first: each GPU against the other GPUs of its node (pipeline stages differ
-    legitimately, the GPUs of one node do not), each node against the job's nodes.
-    A slow GPU often reads *higher*: it computes while its peers wait for it."""
-    nodes: dict[str, list[int]] = {}
-    for i, row in enumerate(data.rows):
-        nodes.setdefault(row.rpartition("/")[0], []).append(i)
-    found: list[tuple[str, str, float, float]] = []
-    for m in HEAT:
-        means = data.row_means(m)
-        groups = [([data.rows[i] for i in idx], means[idx]) for idx in nodes.values()]
-        node_means = np.array([np.nanmean(v) if np.any(~np.isnan(v)) else np.nan
-                               for _, v in groups])
-        groups.append((list(nodes), node_means))
-        for names, values in groups:
-            if np.sum(~np.isnan(values)) < 4:
-                continue
-            z = robust_z(values[:, None], abs_floor=STANDS_OUT_FLOOR)[0][:, 0]
-            found.extend((names[i], m, float(values[i]), float(z[i]))
-                         for i in range(len(names)) if abs(z[i]) >= STANDS_OUT_Z)
-    return sorted(found, key=lambda f: -abs(f[3]))

@@ -1,0 +1,2 @@
+"""What people look at: the terminal live view (`vigil top`) and the HTML job report
+(`vigil report`)."""
