@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from contracts.catalog import CATALOG, Scope
-from contracts.codec import decode_sample
+from contracts.codec import decode_trace
 from producers.sampler import NOISE_FLOOR, AdaptiveSampler, SamplingConfig
 from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 
@@ -121,7 +121,7 @@ def main() -> int:
     cfg = SamplingConfig(noise_sigmas=args.noise_sigmas)
     if args.trace:
         with open(args.trace, "rb") as fh:
-            sampler, _, errors = measure((decode_sample(line) for line in fh if line.strip()),
+            sampler, _, errors = measure(decode_trace(fh),
                                          cfg=cfg)
         print(f"{args.trace}: reduction {sampler.read / max(1, sampler.published):.1f}x, "
               f"peak err p50 {statistics.median(errors):.1%} "

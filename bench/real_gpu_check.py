@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from contracts.codec import decode_sample
+from contracts.codec import decode_trace
 from producers.nvml import NvmlSource
 
 # agent metric → (nvidia-smi --query-gpu field, factor to the agent's unit)
@@ -171,8 +171,7 @@ def compare(trace: Path, smi: Path, dmon: Path) -> None:
     dmon_pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
     seen: dict[str, int] = defaultdict(int)
     samples = 0
-    for line in trace.read_text().splitlines():
-        sample = decode_sample(line)
+    for sample in decode_trace(trace.read_text().splitlines()):
         samples += 1
         uuids = sample.get("meta", {}).get("gpu_uuids", {})
         for minor, metrics in sample["gpus"].items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, cast
 
 from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
@@ -208,3 +208,21 @@ def encode_sample(sample: Sample) -> bytes:
 def encode_detection(detection: Detection) -> bytes:
     """A detection dict → compact UTF-8 JSON, validated first."""
     return _dump(validate_detection(detection))
+
+
+def decode_trace(lines: Iterable[bytes | str],
+                 on_invalid: Callable[[int, ContractError], None] | None = None,
+                 ) -> Iterator[Sample]:
+    """The valid samples of a JSON-lines trace (one ``vigil.sample/1`` a line), in file
+    order. Blank lines are skipped; an invalid line goes to ``on_invalid(line number,
+    error)`` and is skipped, so one bad line never ends a replay."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            sample = decode_sample(line)
+        except ContractError as exc:
+            if on_invalid is not None:
+                on_invalid(lineno, exc)
+            continue
+        yield sample

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from contracts.codec import decode_sample
+from contracts.codec import decode_trace
 from contracts.errors import ContractError
 from producers.reading import Reading
 
@@ -21,16 +21,14 @@ class TraceSource:
 
     def _iter(self) -> Iterator[Reading]:
         with self.path.open("rb") as fh:
-            for line in fh:
-                try:
-                    sample = decode_sample(line)
-                except ContractError:
-                    self.skipped += 1
-                    continue
+            for sample in decode_trace(fh, self._skip):
                 if self.node is None:
                     self.node = sample["node"]
                 if sample["node"] == self.node:
                     yield Reading(sample["gpus"], sample["host"], sample["nics"])
+
+    def _skip(self, lineno: int, exc: ContractError) -> None:
+        self.skipped += 1
 
     def read(self, now: float) -> Reading:
         return next(self._samples, Reading())

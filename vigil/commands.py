@@ -12,7 +12,13 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 from contracts import topics
-from contracts.codec import ContractError, decode_sample, encode_detection, encode_sample
+from contracts.codec import (
+    ContractError,
+    decode_sample,
+    decode_trace,
+    encode_detection,
+    encode_sample,
+)
 from contracts.config import Config
 from contracts.messages import Sample, location
 from vigil.progress import Progress
@@ -66,22 +72,19 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
 
 def trace_samples(path: str, progress: Progress | None = None) -> Iterator[Sample]:
     """Valid samples of a JSON-lines trace; bad lines are logged with their reason."""
-    bad = 0
+    bad: list[int] = []
+
+    def invalid(lineno: int, exc: ContractError) -> None:
+        bad.append(lineno)
+        log.warning("line %d skipped: %s", lineno, exc)
+
     with _open(path, "rb") as trace:
-        for lineno, line in enumerate(trace, 1):
-            if not line.strip():
-                continue
-            try:
-                sample = decode_sample(line)
-            except ContractError as exc:
-                bad += 1
-                log.warning("line %d skipped: %s", lineno, exc)
-                continue
+        for count, sample in enumerate(decode_trace(trace, invalid), 1):
             if progress is not None:
-                progress.update(f"{lineno:,} lines, {bad} invalid")
+                progress.update(f"{count + len(bad):,} lines, {len(bad)} invalid")
             yield sample
     if bad:
-        log.warning("%s: %d invalid lines skipped", path, bad)
+        log.warning("%s: %d invalid lines skipped", path, len(bad))
 
 
 def replay(cfg: Config, args: argparse.Namespace) -> int:
@@ -187,19 +190,12 @@ def select_metrics(cfg: Config, args: argparse.Namespace) -> int:
     from detectors.selection import select_metrics as select
 
     rows: dict[tuple[str, str], dict[str, list[float]]] = {}
-    with _open(args.trace, "rb") as trace:
-        for line in trace:
-            if not line.strip():
-                continue
-            try:
-                sample = decode_sample(line)
-            except ContractError:
-                continue
-            for gpu, readings in sample["gpus"].items():
-                key = (sample["node"], gpu)
-                per = rows.setdefault(key, {})
-                for name in GPU_METRICS:
-                    per.setdefault(name, []).append(float(readings.get(name, np.nan)))
+    for sample in trace_samples(args.trace):
+        for gpu, readings in sample["gpus"].items():
+            key = (sample["node"], gpu)
+            per = rows.setdefault(key, {})
+            for name in GPU_METRICS:
+                per.setdefault(name, []).append(float(readings.get(name, np.nan)))
     if not rows:
         print("no samples in the trace")
         return 1
