@@ -18,6 +18,10 @@ from contracts.messages import JobStatus, WorkerStatus
 
 STATUS_SCHEMA = "vigil.status/1"
 HEAT_METRICS = ("sm_active", "tensor_active", "dram_active")
+# how the live view (short) and the report (title) name each heat metric
+HEAT_NAMES = {"sm_active": ("SM", "SM activity"),
+              "tensor_active": ("TENSOR", "Tensor-core activity"),
+              "dram_active": ("DRAM", "DRAM bandwidth utilisation")}
 MAX_HEAT_ENTRIES = 100_000
 
 

@@ -15,10 +15,9 @@ matplotlib.use("Agg")  # files only: no display on servers or in CI
 import matplotlib.pyplot as plt
 import numpy as np
 
+from contracts.status import HEAT_NAMES
 from vigil.views.report import HEAT, MOSTLY_LOW_TENSOR, ReportData
 
-TITLES = {"sm_active": "SM activity", "tensor_active": "Tensor-core activity",
-          "dram_active": "DRAM bandwidth utilisation"}
 MAX_ROW_LABELS = 48
 
 
@@ -50,7 +49,7 @@ def heatmaps_png(data: ReportData) -> str:
     for ax, metric in zip(axes[:, 0], HEAT, strict=True):
         image = ax.imshow(data.heat[metric], aspect="auto", interpolation="nearest",
                           cmap="viridis", vmin=0.0, vmax=1.0, extent=extent)
-        ax.set_title(TITLES[metric])
+        ax.set_title(HEAT_NAMES[metric][1])
         step = max(1, len(data.rows) // MAX_ROW_LABELS)
         ax.set_yticks(range(0, len(data.rows), step))
         ax.set_yticklabels(data.rows[::step], fontsize=6)
@@ -112,7 +111,7 @@ def render(data: ReportData) -> str:
     ]
     dets = [[f"+{d['detected_at'] - data.start:.0f} s", d["kind"], d["severity"],
              d["node"] or "-", d["gpu"] or "-", d["summary"]] for d in data.detections]
-    outliers = [[row, TITLES[m], f"{mean:.0%}", f"{z:.1f}"]
+    outliers = [[row, HEAT_NAMES[m][1], f"{mean:.0%}", f"{z:.1f}"]
                 for row, m, mean, z in data.stands_out]
     images = (heatmaps_png(data), throughput_png(data), shares_png(data))
     return f"""<!doctype html>

@@ -20,12 +20,11 @@ from typing import Any
 
 from alerting.state import LiveState
 from contracts.messages import Detection, location
-from contracts.status import HEAT_METRICS, gpu_key_order
+from contracts.status import HEAT_METRICS, HEAT_NAMES, gpu_key_order
 
 LEVELS = "▁▂▃▄▅▆▇█"  # 0 … 1; the lowest stays visible (a hung job reads ~0)
 NO_READING = "·"
 WORKER_STALE_SECONDS = 30.0
-HEAT_LABELS = {"sm_active": "SM", "tensor_active": "TENSOR", "dram_active": "DRAM"}
 RED, BOLD, RESET = "\x1b[31;1m", "\x1b[1m", "\x1b[0m"
 
 
@@ -69,7 +68,7 @@ def _job_rows(job: str, status: dict[str, Any], flagged: dict[tuple[str, str | N
              f"{len(by_node)} nodes, {sum(len(v) for v in by_node.values())} GPUs  "
              f"late samples {status.get('late', 0)}",
              f"  {'node':<{node_width}}  " + "  ".join(
-                 f"{HEAT_LABELS.get(m, m)[:strip]:<{strip}}" for m in metrics)]
+                 f"{HEAT_NAMES.get(m, (m, m))[0][:strip]:<{strip}}" for m in metrics)]
     for node, gpus in by_node.items():
         parts = []
         for i in range(len(metrics)):
