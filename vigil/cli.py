@@ -15,6 +15,16 @@ from contracts.errors import VigilError
 Handler = Callable[[Config, argparse.Namespace], int]
 
 
+def _command(name: str) -> Handler:
+    """The handler ``vigil.commands.<name>``, imported only when it runs, so that each
+    command pulls in its own dependencies alone."""
+
+    def run(cfg: Config, args: argparse.Namespace) -> int:
+        from vigil import commands
+        return int(getattr(commands, name)(cfg, args))
+    return run
+
+
 def _up(cfg: Config, args: argparse.Namespace) -> int:
     from vigil.ops import localstack
     localstack.up(cfg)
@@ -40,39 +50,15 @@ def _config(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.commands import simulate
-    return simulate(cfg, args)
 
 
-def _replay(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.commands import replay
-    return replay(cfg, args)
 
-
-def _silence(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.commands import silence
-    return silence(cfg, args)
-
-
-def _ack(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.commands import ack
-    return ack(cfg, args)
-
-
-def _actions(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.commands import actions
-    return actions(cfg, args)
 
 
 def _agent(cfg: Config, args: argparse.Namespace) -> int:
     from vigil import agentcmd
     return agentcmd.run(cfg, args)
 
-
-def _select(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.commands import select_metrics
-    return select_metrics(cfg, args)
 
 
 def _worker(cfg: Config, args: argparse.Namespace) -> int:
@@ -82,19 +68,7 @@ def _worker(cfg: Config, args: argparse.Namespace) -> int:
     return run_worker(cfg, replication.factor)
 
 
-def _alerter(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.commands import alerter
-    return alerter(cfg, args)
 
-
-def _alerts(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.commands import alerts
-    return alerts(cfg, args)
-
-
-def _report(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.commands import report
-    return report(cfg, args)
 
 
 def _top(cfg: Config, args: argparse.Namespace) -> int:
@@ -134,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("status", _status, "show the local stack's health")
     add("config", _config, "print the effective configuration, secrets masked")
 
-    sim = add("simulate", _simulate, "publish a synthetic cluster's samples (or write a trace)")
+    sim = add("simulate", _command("simulate"),
+              "publish a synthetic cluster's samples (or write a trace)")
     sim.add_argument("--out", help="write JSON lines to this file ('-' = stdout) instead of Kafka")
     sim.add_argument("--duration", type=float, default=240.0, help="simulated seconds")
     sim.add_argument("--seed", type=int, default=7)
@@ -146,11 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--slow-after", type=float, default=60.0,
                      help="seconds until the injected GPU slows down")
 
-    rep = add("replay", _replay, "run the detectors over a JSON-lines trace, in event time")
+    rep = add("replay", _command("replay"),
+              "run the detectors over a JSON-lines trace, in event time")
     rep.add_argument("trace", help="trace file of vigil.sample/1 lines, '-' for stdin")
     rep.add_argument("--out", default="-", help="detections output (default stdout)")
 
-    rpt = add("report", _report, "a job's HTML report with per-GPU heatmaps and detections")
+    rpt = add("report", _command("report"),
+              "a job's HTML report with per-GPU heatmaps and detections")
     rpt.add_argument("job", help="job id")
     rpt.add_argument("--trace", help="JSON-lines trace (default: the samples topic)")
     rpt.add_argument("--out", help="HTML file (default vigil-report-JOB.html)")
@@ -166,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--ticks", type=int, help="stop after this many ticks")
     ag.add_argument("--fast", action="store_true", help="with --ticks: do not wait between")
 
-    sel = add("select-metrics", _select, "pick representative GPU metrics from a trace "
-              "(Moneo §2.2)")
+    sel = add("select-metrics", _command("select_metrics"),
+              "pick representative GPU metrics from a trace (Moneo §2.2)")
     sel.add_argument("trace", help="trace file of vigil.sample/1 lines, '-' for stdin")
     sel.add_argument("--min-variance", type=float, default=1e-4)
     sel.add_argument("--max-distance", type=float, default=0.05)
@@ -182,10 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--adaptive", action="store_true",
                        help="Vigil sees what agents publish with [agent] adaptive sampling")
 
-    al = add("alerter", _alerter, "consume detections into Redis live state")
+    al = add("alerter", _command("alerter"),
+              "consume detections into Redis live state")
     al.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
 
-    alerts = add("alerts", _alerts, "list open incidents from Redis")
+    alerts = add("alerts", _command("alerts"),
+              "list open incidents from Redis")
     alerts.add_argument("--job", help="only this job")
     alerts.add_argument("--kind", help="only this detection kind")
     alerts.add_argument("--severity", choices=SEVERITIES)
@@ -195,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--no-color", action="store_true", help="no ANSI colours")
 
-    sil = add("silence", _silence, "silence notifications matching labels (Redis-wide)")
+    sil = add("silence", _command("silence"),
+              "silence notifications matching labels (Redis-wide)")
     sil.add_argument("action", choices=["add", "list", "expire"])
     sil.add_argument("id", nargs="?", help="silence id (expire)")
     sil.add_argument("--match", action="append",
@@ -204,11 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     sil.add_argument("--comment")
     sil.add_argument("--by", help="who (default: login name)")
 
-    act = add("actions", _actions, "the remediation audit: every decision and why")
+    act = add("actions", _command("actions"),
+              "the remediation audit: every decision and why")
     act.add_argument("--job", help="only this job")
     act.add_argument("--count", type=int, default=50)
 
-    ackp = add("ack", _ack, "acknowledge an incident: pagers stop re-notifying it")
+    ackp = add("ack", _command("ack"),
+              "acknowledge an incident: pagers stop re-notifying it")
     ackp.add_argument("incident")
     ackp.add_argument("--by", help="who (default: login name)")
     return parser

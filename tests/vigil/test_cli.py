@@ -87,6 +87,7 @@ def test_a_missing_extra_is_a_clear_error(capsys: pytest.CaptureFixture[str],
     def needs_redis(cfg: object, args: object) -> int:
         raise ModuleNotFoundError("No module named 'redis'", name="redis")
 
-    monkeypatch.setattr(cli, "_alerts", needs_redis)
+    from vigil import commands
+    monkeypatch.setattr(commands, "alerts", needs_redis)
     assert cli.main(["alerts"]) == 2
     assert "pip install 'vigil[alerter]'" in capsys.readouterr().err
