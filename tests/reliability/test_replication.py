@@ -34,11 +34,39 @@ START = 1_896_000_000.0
 @pytest.fixture(scope="module")
 def three_brokers(tmp_path_factory: pytest.TempPathFactory,
                   ) -> Iterator[tuple[str, list[localstack.Service]]]:
-    """(bootstrap list, brokers) of a fresh three-broker cluster."""
-    root = tmp_path_factory.mktemp("cluster")
-    ports = [(free_port(), free_port()) for _ in range(3)]
-    brokers, waiters = [], []
-    for quorum, (port, controller) in zip(localstack.Quorum.of([c for _, c in ports]), ports,
+    """(bootstrap list, brokers) of a fresh three-broker cluster. A port found free can
+    be taken by a client's outgoing connection before the broker binds it: one more
+    try with other ports then."""
+    for attempt in (1, 2):
+        root = tmp_path_factory.mktemp("cluster")
+        brokers: list[localstack.Service] = []
+        try:
+            bootstrap = _start_cluster(root, brokers)
+        except localstack.StackError:
+            for svc in brokers:
+                svc.stop()
+            if attempt == 2:
+                raise
+            continue
+        try:
+            yield bootstrap, brokers
+        finally:
+            for svc in brokers:
+                svc.stop()
+        return
+
+
+def _start_cluster(root: Path, brokers: list[localstack.Service]) -> str:
+    """Start three combined broker-controllers (appended to ``brokers`` as they start);
+    the bootstrap list once every one is registered."""
+    ports: list[int] = []
+    while len(ports) < 6:  # six distinct ports
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    pairs = list(zip(ports[::2], ports[1::2], strict=True))
+    waiters = []
+    for quorum, (port, controller) in zip(localstack.Quorum.of([c for _, c in pairs]), pairs,
                                           strict=True):
         cfg = load(env={"VIGIL_LOCAL_DATA_DIR": str(root / f"b{quorum.node_id}"),
                         "VIGIL_LOCAL_KAFKA_PORT": str(port),
@@ -48,13 +76,25 @@ def three_brokers(tmp_path_factory: pytest.TempPathFactory,
         svc.root.mkdir(parents=True, exist_ok=True)
         brokers.append(svc)
         waiters.append(localstack.start_kafka(cfg, svc, quorum=quorum, wait=False))
+    for waiter in waiters:
+        waiter()
+    bootstrap = ",".join(f"127.0.0.1:{port}" for port, _ in pairs)
+    _until_registered(bootstrap, len(brokers))
+    return bootstrap
+
+
+def _until_registered(bootstrap: str, count: int) -> None:
+    """Until the cluster's metadata lists every broker (each registers a moment after
+    it logs that it started)."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        for waiter in waiters:
-            waiter()
-        yield ",".join(f"127.0.0.1:{port}" for port, _ in ports), brokers
+        for _ in range(100):
+            if len(admin.describe_cluster()["brokers"]) == count:
+                return
+            time.sleep(0.2)
     finally:
-        for svc in brokers:
-            svc.stop()
+        admin.close()
+    raise AssertionError(f"the cluster did not register {count} brokers")
 
 
 def _env(isolated_env: dict[str, str], bootstrap: str) -> dict[str, str]:

@@ -12,16 +12,18 @@ broker's loss loses data.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownBrokerIdError
 
 from contracts import topics
 from contracts.config import Config
 from contracts.errors import ConfigError
 
 log = logging.getLogger(__name__)
+ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,27 @@ def _broker_default_replication(admin: KafkaAdminClient) -> int:
                       "set kafka.replication_factor")
 
 
-def ensure_topics(cfg: Config) -> Replication:
+def ensure_topics(cfg: Config, attempts: int = ATTEMPTS) -> Replication:
     """Create samples, detections, dead-letter, alerts, actions and status topics if
     absent; refuse under-replicated existing ones. Returns the replication used (the
-    worker gives the same to Faust for its changelog topics)."""
+    worker gives the same to Faust for its changelog topics).
+
+    A cluster whose metadata is still settling (a broker just registered, a controller
+    the client does not know yet) answers with a transient error: the whole step is
+    tried again with a fresh client, ``attempts`` times, one second apart."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return _ensure_topics(cfg)
+        except (KafkaError, UnknownBrokerIdError) as exc:
+            transient = getattr(exc, "retriable", False) or isinstance(exc, UnknownBrokerIdError)
+            if not transient or attempt == attempts:
+                raise
+            log.info("Kafka metadata not settled (%r); trying again", exc)
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
+def _ensure_topics(cfg: Config) -> Replication:
     wanted = {
         topics.SAMPLES: cfg.kafka.samples_partitions,
         topics.DETECTIONS: cfg.kafka.detections_partitions,
