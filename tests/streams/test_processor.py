@@ -14,6 +14,7 @@ from contracts.config import Config
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from streams.metrics import WorkerMetrics
 from streams.processor import BatchProcessor
+from streams.state_codec import decode_state
 
 START = 1_898_000_000.0
 
@@ -151,7 +152,6 @@ async def _noop() -> None:
 
 
 def processor_next_bin(journal: _Journal) -> int | None:
-    from streams.state_codec import decode_state
     state = decode_state(journal.store[b"proc-job"])
     assert state is not None
     return state["next_bin"]

@@ -73,19 +73,19 @@ def ensure_topics(cfg: Config, attempts: int = ATTEMPTS) -> Replication:
     A cluster whose metadata is still settling (a broker just registered, a controller
     the client does not know yet) answers with a transient error: the whole step is
     tried again with a fresh client, ``attempts`` times, one second apart."""
-    for attempt in range(1, attempts + 1):
+    for _ in range(attempts - 1):
         try:
             return _ensure_topics(cfg)
         except (KafkaError, UnknownBrokerIdError) as exc:
-            transient = getattr(exc, "retriable", False) or isinstance(exc, UnknownBrokerIdError)
-            if not transient or attempt == attempts:
+            if not (exc.retriable or isinstance(exc, UnknownBrokerIdError)):
                 raise
             log.info("Kafka metadata not settled (%r); trying again", exc)
             time.sleep(1.0)
-    raise AssertionError("unreachable")
+    return _ensure_topics(cfg)  # the last try: its error is the caller's
 
 
 def _ensure_topics(cfg: Config) -> Replication:
+    """One try of ``ensure_topics`` with a fresh admin client."""
     wanted = {
         topics.SAMPLES: cfg.kafka.samples_partitions,
         topics.DETECTIONS: cfg.kafka.detections_partitions,

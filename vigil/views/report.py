@@ -23,7 +23,6 @@ from contracts.status import HEAT_METRICS, gpu_key_order
 from detectors.engine import JobEngine
 from detectors.job_profile import stands_out, tensor_peaks, time_shares
 
-HEAT = HEAT_METRICS  # the live view's and the report's heat: one list
 MOSTLY_LOW_TENSOR = 0.35  # Moneo: tensor-core peaks under 35 % in real training
 MAX_BINS = 720  # longer traces get wider bins, so a plot stays readable
 
@@ -80,8 +79,8 @@ def build(samples: Iterable[Sample], job: str, cfg: DetectConfig) -> ReportData:
         node_nv = 0.0
         for gpu, readings in sample["gpus"].items():
             row = f"{node}/{gpu}"
-            cell = acc.setdefault((row, b), [0.0] * (2 * len(HEAT)))
-            for i, m in enumerate(HEAT):
+            cell = acc.setdefault((row, b), [0.0] * (2 * len(HEAT_METRICS)))
+            for i, m in enumerate(HEAT_METRICS):
                 if (v := readings.get(m)) is not None:
                     cell[2 * i] += v
                     cell[2 * i + 1] += 1
@@ -98,9 +97,9 @@ def build(samples: Iterable[Sample], job: str, cfg: DetectConfig) -> ReportData:
     rows = sorted({r for r, _ in acc}, key=gpu_key_order)
     bins = max(b for _, b in acc) + 1
     index = {r: i for i, r in enumerate(rows)}
-    heat = {m: np.full((len(rows), bins), np.nan) for m in HEAT}
+    heat = {m: np.full((len(rows), bins), np.nan) for m in HEAT_METRICS}
     for (row, b), cell in acc.items():
-        for i, m in enumerate(HEAT):
+        for i, m in enumerate(HEAT_METRICS):
             if cell[2 * i + 1]:
                 heat[m][index[row], b] = cell[2 * i] / cell[2 * i + 1]
     nvlink, ib = np.zeros(bins), np.zeros(bins)  # the job's total: each node's bin mean
@@ -111,5 +110,5 @@ def build(samples: Iterable[Sample], job: str, cfg: DetectConfig) -> ReportData:
                       [d for d in detections if d["state"] == "firing"], len(collected))
     data.shares = time_shares(rows, heat["sm_active"], gpu_link, node_ib)
     data.tensor_peaks = tensor_peaks(heat["tensor_active"])
-    data.stands_out = stands_out(rows, {m: data.row_means(m) for m in HEAT})
+    data.stands_out = stands_out(rows, {m: data.row_means(m) for m in HEAT_METRICS})
     return data

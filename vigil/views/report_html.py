@@ -15,8 +15,8 @@ matplotlib.use("Agg")  # files only: no display on servers or in CI
 import matplotlib.pyplot as plt
 import numpy as np
 
-from contracts.status import HEAT_NAMES
-from vigil.views.report import HEAT, MOSTLY_LOW_TENSOR, ReportData
+from contracts.status import HEAT_METRICS, HEAT_NAMES
+from vigil.views.report import MOSTLY_LOW_TENSOR, ReportData
 
 MAX_ROW_LABELS = 48
 
@@ -43,10 +43,11 @@ def _mark_detections(ax: Any, data: ReportData, label: bool) -> None:
 def heatmaps_png(data: ReportData) -> str:
     """SM, tensor and DRAM activity per GPU over time, detections marked."""
     height = max(2.5, min(10.0, 0.09 * len(data.rows) + 1.5))
-    fig, axes = plt.subplots(len(HEAT), 1, figsize=(12, height * len(HEAT)), squeeze=False,
+    rows = len(HEAT_METRICS)
+    fig, axes = plt.subplots(rows, 1, figsize=(12, height * rows), squeeze=False,
                              layout="constrained")
     extent = (0.0, float(data.times[-1] + data.bin_seconds), len(data.rows) - 0.5, -0.5)
-    for ax, metric in zip(axes[:, 0], HEAT, strict=True):
+    for ax, metric in zip(axes[:, 0], HEAT_METRICS, strict=True):
         image = ax.imshow(data.heat[metric], aspect="auto", interpolation="nearest",
                           cmap="viridis", vmin=0.0, vmax=1.0, extent=extent)
         ax.set_title(HEAT_NAMES[metric][1])
@@ -55,7 +56,7 @@ def heatmaps_png(data: ReportData) -> str:
         ax.set_yticklabels(data.rows[::step], fontsize=6)
         ax.set_xlabel("seconds since the first sample")
         fig.colorbar(image, ax=ax, fraction=0.02)
-        _mark_detections(ax, data, label=metric == HEAT[0])
+        _mark_detections(ax, data, label=metric == HEAT_METRICS[0])
     return _png(fig)
 
 
