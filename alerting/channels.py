@@ -18,6 +18,7 @@ import urllib.request
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from alerting.cost import cost_text, with_cost
 from contracts.config import Secret
 from contracts.errors import VigilError
 from contracts.messages import Detection
@@ -88,6 +89,17 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
+def cost_annotations(det: Detection) -> dict[str, str]:
+    """Alertmanager annotations of the cost (annotations, not labels: the estimate
+    may change between firing and resolved, and labels are the alert's identity)."""
+    text = cost_text(det)
+    if not text:
+        return {}
+    ev = det["evidence"]
+    return {"cost": text, "gpu_hours_lost_per_hour": str(ev.get("gpu_hours_lost_per_hour")),
+            "job_slowdown": str(ev.get("job_slowdown"))}
+
+
 def labels(det: Detection) -> dict[str, str]:
     """The labels routing, silences and Alertmanager match on."""
     out = {"alertname": "Vigil" + "".join(p.title() for p in det["kind"].split("_")),
@@ -111,8 +123,9 @@ class AlertmanagerChannel:
     def send(self, det: Detection) -> None:
         alert: dict[str, Any] = {
             "labels": labels(det),
-            "annotations": {"summary": det["summary"],
-                            "evidence": json.dumps(det["evidence"], sort_keys=True)[:4000]},
+            "annotations": {"summary": with_cost(det["summary"], det),
+                            "evidence": json.dumps(det["evidence"], sort_keys=True)[:4000],
+                            **cost_annotations(det)},
             "startsAt": _iso(det["started_at"]),
         }
         if det["state"] == "resolved":
@@ -132,7 +145,7 @@ class SlackChannel:
         icon = ":white_check_mark:" if det["state"] == "resolved" else (
             ":rotating_light:" if det["severity"] == "critical" else ":warning:")
         text = (f"{icon} *{det['state'].upper()}* {det['kind']} in `{det['job']}`: "
-                f"{det['summary']} (incident `{det['id']}`)")
+                f"{with_cost(det['summary'], det)} (incident `{det['id']}`)")
         post_json(self.webhook.reveal(), {"text": text}, timeout=self.timeout)
 
 
@@ -153,7 +166,8 @@ class PagerDutyChannel:
                                 else "trigger"}
         if det["state"] == "firing":
             body["payload"] = {
-                "summary": det["summary"][:1024], "source": det["node"] or det["job"],
+                "summary": with_cost(det["summary"], det)[:1024],
+                "source": det["node"] or det["job"],
                 "severity": {"info": "info", "warning": "warning"}.get(det["severity"],
                                                                       "critical"),
                 "component": f"gpu {det['gpu']}" if det["gpu"] is not None else det["kind"],

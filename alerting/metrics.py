@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from alerting.cost import goodput
+
 if TYPE_CHECKING:
     from alerting.service import Alerter
 
@@ -44,9 +46,31 @@ class AlerterCollector(Collector):
         yield pending
         yield GaugeMetricFamily("vigil_alerter_open_incidents", "incidents firing now",
                                 value=len(a.router.open))
+        yield from cost_metrics(a)
         yield GaugeMetricFamily("vigil_alerter_redis_backlog",
                                 "detections delivered but not yet written to Redis",
                                 value=len(a.outage.backlog))
+
+
+def cost_metrics(a: Alerter) -> Iterator[Metric]:
+    """GPU-hours lost (a counter by job and kind), the rate lost now, and the fleet's
+    goodput: the share of the GPU time of the jobs Vigil watches not lost to open
+    incidents (job sizes from the worker's status feed, else from the detections)."""
+    lost = CounterMetricFamily("vigil_gpu_hours_lost", "GPU-hours lost to incidents "
+                               "(estimated from the detections' cost)", labels=["job", "kind"])
+    for (job, kind), hours in sorted(a.ledger.totals().items()):
+        lost.add_metric([job, kind], hours)
+    yield lost
+    losing = a.ledger.losing_now()
+    gpus = dict(a.job_gpus)
+    for inc in a.ledger.open.values():
+        gpus[inc.job] = max(gpus.get(inc.job, 0), inc.gpus)
+    lost_now = sum(min(rate, gpus[job]) for job, rate in losing.items())
+    yield GaugeMetricFamily("vigil_gpu_hours_lost_per_hour",
+                            "GPU-hours per hour lost to the open incidents now", value=lost_now)
+    yield GaugeMetricFamily("vigil_fleet_goodput", "share of the watched jobs' GPU time "
+                            "not lost to open incidents (1 = none lost)",
+                            value=goodput(sum(gpus.values()), lost_now))
 
 
 def alerter_registry(alerter: Alerter) -> CollectorRegistry:

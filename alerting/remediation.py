@@ -3,7 +3,14 @@
 Policy (which detection asks for what):
 - ``gpu_health`` whose cause says replace (XID 48, 64, 79, 95, 140, double-bit ECC)
   → ``drain_and_replace``; cause says reset (XID 62, 74, 94, 119, 120) → ``reset_gpu``.
-- ``straggler`` still firing ``straggler_cordon_after_seconds`` after it fired → ``cordon``.
+- ``straggler`` still firing ``straggler_cordon_after_seconds`` after it fired → ``cordon``;
+  with ``straggler_cordon_gpu_hours_per_hour`` > 0, only if its estimated cost
+  (``evidence.gpu_hours_lost_per_hour``) is at least that much.
+
+Actions that fall due together are decided costliest first, so when a rail (the
+hourly budget, the fleet's or a job's share) leaves room for only some, the node
+that wastes the most GPU time is the one acted on. Every audit record carries the
+estimate behind it.
 
 Rails, in order; the first that says no decides, and every decision is audited (a
 Redis stream and the ``vigil.actions`` topic): opt-out list; repeat offender (a
@@ -26,6 +33,7 @@ from collections.abc import Callable
 import redis
 from redis.exceptions import LockError
 
+from alerting.cost import lost_per_hour
 from alerting.executors import Executor, ExecutorError
 from contracts.config import AlerterConfig
 from contracts.messages import Action, Detection
@@ -86,20 +94,29 @@ class Remediator:
             "action": kind, "job": det["job"], "node": node, "gpu": det["gpu"],
             "incident": det["id"], "summary": det["summary"],
             "job_nodes": int(det["evidence"].get("job_nodes") or 0),
-            "planned_at": now, "due_at": now + wait}
+            "planned_at": now, "due_at": now + wait,
+            "job_slowdown": det["evidence"].get("job_slowdown"),
+            "gpu_hours_lost_per_hour": lost_per_hour(det)}
         self.pending[det["id"]] = (action, det)
 
     def tick(self, now: float | None = None) -> list[Action]:
         """Decide every action that is due; returns the audit records written."""
         now = time.time() if now is None else now
         done = []
-        for incident, (action, det) in sorted(self.pending.items(),
-                                              key=lambda kv: kv[1][0]["due_at"]):
-            if action["due_at"] > now:
-                continue
+        due = [(incident, action, det) for incident, (action, det) in self.pending.items()
+               if action["due_at"] <= now]
+        for incident, action, det in sorted(due, key=lambda d: (
+                -(d[1].get("gpu_hours_lost_per_hour") or 0.0), d[1]["due_at"])):
             del self.pending[incident]
             if not self.is_open(det):
                 done.append(self._audit(action, "skipped", "incident no longer open", now))
+                continue
+            floor = self.cfg.straggler_cordon_gpu_hours_per_hour
+            cost = action.get("gpu_hours_lost_per_hour")
+            if action["action"] == "cordon" and floor > 0 and (cost is None or cost < floor):
+                done.append(self._audit(
+                    action, "skipped", f"costs {'an unknown amount' if cost is None else cost}"
+                    f" GPU-hours per hour, under the cordon threshold of {floor}", now))
                 continue
             done.append(self._decide(action, det, now))
         return done

@@ -36,6 +36,7 @@ from alerting.channels import (
     SlackChannel,
     WebhookChannel,
 )
+from alerting.cost import CostLedger, escalate_on_cost
 from alerting.delivery import ChannelWorker, DeliveryPolicy
 from alerting.executors import CommandExecutor, Executor, KubernetesExecutor, SlurmExecutor
 from alerting.metrics import serve_metrics
@@ -154,6 +155,9 @@ class Alerter:
         self.status_topic = topics.topic(topics.STATUS, cfg.kafka.topic_prefix)
         self._pruned_at = 0.0
         self.outage = RedisOutage()
+        self.ledger = CostLedger()  # GPU-hours lost, for /metrics
+        self.job_gpus: dict[str, int] = {}  # job → GPUs in its latest status
+        self._escalated: set[str] = set()  # incidents raised to critical on cost
         self._uncommitted = False
         self._stop = False
         self._restore()
@@ -161,6 +165,9 @@ class Alerter:
     def _restore(self) -> None:
         """After a restart: open incidents and who was told of them, from Redis."""
         for det in self.state.open_incidents():
+            if "escalated_on_cost" in det["evidence"]:
+                self._escalated.add(det["id"])
+            self.ledger.apply(det)
             self.router.restore(det, self.state.told(det["job"], det["id"]))
             if self.remediator is not None:
                 self.remediator.consider(det)
@@ -212,7 +219,7 @@ class Alerter:
                     log.warning("invalid detection at %s[%d]@%d: %s", record.topic,
                                 record.partition, record.offset, exc)
                     continue
-                self._apply(det)
+                self._apply(self._cost_severity(det))
         self._uncommitted = self._uncommitted or count > 0
         if self._uncommitted and not self.outage.ongoing:
             self.consumer.commit()  # also the batches held back while Redis was down
@@ -228,6 +235,20 @@ class Alerter:
             except redis.RedisError as exc:
                 self.outage.lost(exc)
 
+    def _cost_severity(self, det: Detection) -> Detection:
+        """Raise a costly incident to critical; its resolved message keeps the severity
+        it fired with (Alertmanager matches the two on their labels)."""
+        threshold = self.cfg.alerter.page_gpu_hours_per_hour
+        if det["state"] == "resolved":
+            if det["id"] in self._escalated:
+                self._escalated.discard(det["id"])
+                return escalate_on_cost(det, threshold, force=True)
+            return det
+        raised = escalate_on_cost(det, threshold)
+        if raised is not det:
+            self._escalated.add(det["id"])
+        return raised
+
     def _apply(self, det: Detection) -> None:
         """Redis first; without Redis, de-duplicate in memory and deliver anyway."""
         fresh: bool | None = None
@@ -241,6 +262,7 @@ class Alerter:
             self.duplicates += 1
             return
         self.applied += 1
+        self.ledger.apply(det)
         self._dispatch(self.router.handle(det))
         if fresh is None:
             self.outage.backlog.append(det)  # written (and considered) when Redis is back
@@ -270,7 +292,10 @@ class Alerter:
         """Keep a worker's status for the live view; a bad one is logged and skipped
         (the topic is best-effort and its newest message supersedes it anyway)."""
         try:
-            self.state.put_pipeline_status(decode_status(record.value))
+            status = decode_status(record.value)
+            if status["kind"] == "job":
+                self.job_gpus[status["job"]] = len(status["heat"])
+            self.state.put_pipeline_status(status)
             self.statuses += 1
             now = time.time()
             if now - self._pruned_at > STATUS_PRUNE_EVERY:

@@ -26,6 +26,8 @@ DETECTION_KINDS = ("straggler", "network_bound", "hang", "gpu_health", "link_hea
                    "node_silent")
 DETECTION_STATES = ("firing", "resolved")
 SEVERITIES = ("info", "warning", "critical")
+# evidence.cost_basis: how a detection's cost was estimated (docs/contract.md)
+COST_BASES = ("baseline", "blamed", "none", "hang")
 
 _SAMPLE_FIELDS = {"schema", "ts", "job", "node", "gpus", "host", "nics", "meta"}
 _DETECTION_FIELDS = {"schema", "id", "kind", "state", "severity", "job", "node", "gpu",
@@ -181,8 +183,21 @@ def validate_detection(message: Any) -> Detection:
         raise ContractError("wrong_type", "metrics must be an array of strings")
     if not isinstance(det["summary"], str):
         raise ContractError("wrong_type", "summary must be a string")
-    _object(det["evidence"], "evidence")
+    _check_cost(_object(det["evidence"], "evidence"))
     return cast(Detection, det)
+
+
+def _check_cost(evidence: dict[str, Any]) -> None:
+    """The cost fields, where present: non-negative numbers (null: not estimable)."""
+    for field in ("job_slowdown", "gpu_hours_lost_per_hour"):
+        if evidence.get(field) is not None and _number(evidence[field], f"evidence.{field}") < 0:
+            raise ContractError("out_of_range", f"evidence.{field} is negative")
+    gpus = evidence.get("job_gpus")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
+        raise ContractError("wrong_type", "evidence.job_gpus must be a non-negative integer")
+    basis = evidence.get("cost_basis")
+    if basis is not None and basis not in COST_BASES:
+        raise ContractError("bad_value", f"evidence.cost_basis {basis!r} not one of {COST_BASES}")
 
 
 def decode_sample(raw: bytes | str) -> Sample:

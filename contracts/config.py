@@ -209,6 +209,12 @@ class AlerterConfig:
     opt_out: str = ""  # comma-separated node or job patterns never acted on
     repeat_offender_count: int = 2  # actions on one node within 7 days before a person decides
     straggler_cordon_after_seconds: float = 600.0
+    # > 0: a straggler is cordoned only if it costs at least this many GPU-hours per
+    # hour (evidence.gpu_hours_lost_per_hour) once straggler_cordon_after_seconds passed
+    straggler_cordon_gpu_hours_per_hour: float = 0.0
+    # an incident costing at least this many GPU-hours per hour is raised to critical
+    # (pages); 8 = a whole 8-GPU node's worth lost; 0 turns escalation by cost off
+    page_gpu_hours_per_hour: float = 8.0
 
 
 @dataclass(frozen=True)

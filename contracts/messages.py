@@ -59,6 +59,8 @@ class Action(TypedDict):
     job_nodes: int
     planned_at: float
     due_at: float
+    job_slowdown: NotRequired[float | None]  # the cost estimate behind the action
+    gpu_hours_lost_per_hour: NotRequired[float | None]
     decision: NotRequired[str]  # executed, dry_run, skipped, escalated, failed
     why: NotRequired[str]
     decided_at: NotRequired[float]

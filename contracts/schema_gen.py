@@ -14,6 +14,7 @@ from typing import Any
 from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
 from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
 from contracts.codec import (
+    COST_BASES,
     DETECTION_KINDS,
     DETECTION_STATES,
     MAX_GPUS,
@@ -93,7 +94,15 @@ def detection_schema() -> dict[str, Any]:
             "metrics": {"type": "array", "items": {"type": "string"}},
             "score": {"type": "number"},
             "summary": {"type": "string"},
-            "evidence": {"type": "object"},
+            "evidence": {
+                "type": "object",
+                "properties": {
+                    "job_slowdown": {"type": ["number", "null"], "minimum": 0},
+                    "job_gpus": {"type": "integer", "minimum": 0},
+                    "gpu_hours_lost_per_hour": {"type": ["number", "null"], "minimum": 0},
+                    "cost_basis": {"enum": list(COST_BASES)},
+                },
+            },
         },
     }
 

@@ -15,6 +15,8 @@ from contracts import DETECTION_SCHEMA
 from contracts.messages import Detection
 from detectors.findings import Finding
 
+COST_FIELDS = ("job_slowdown", "job_gpus", "gpu_hours_lost_per_hour", "cost_basis")
+
 
 def incident_id(job: str, key: str, started_at: float) -> str:
     """Deterministic id of one incident: job, condition and the time it began."""
@@ -59,6 +61,11 @@ class IncidentTracker:
                 det = self._detection(finding, key, cond["since"], now, "firing")
                 cond["detection"] = det
                 out.append(det)
+            elif cond["firing"]:  # the resolved message carries the latest cost estimate
+                latest = {k: finding.evidence[k] for k in COST_FIELDS if k in finding.evidence}
+                if latest:
+                    before: Detection = cond["detection"]
+                    cond["detection"] = {**before, "evidence": {**before["evidence"], **latest}}
         for key in [k for k in self.conditions if k not in seen]:
             if key.split("|", 1)[0] not in kinds:
                 continue

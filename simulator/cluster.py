@@ -145,6 +145,9 @@ class Simulator:
         self._ecc: dict[tuple[str, str], float] = {}
         self._ib_errors: dict[str, float] = {}
         self._moe_hot: dict[str, tuple[str, str]] = {}
+        # job → [(true time, actual step / healthy step)], one per tick: the ground
+        # truth of what the job's faults cost (inf while it hangs)
+        self.truth: dict[str, list[tuple[float, float]]] = {}
 
     def _faults(self, job: str, t: float) -> list[Fault]:
         return [f for f in self.cluster.faults if f.job == job and f.active(t)]
@@ -178,7 +181,10 @@ class Simulator:
         event = self._event(job, t)
         comm = job.comm_seconds * rng.gauss(1.0, 0.01)
         if job.kind == "moe":
-            comm *= 8.0 if "network_phase" in kinds else 1.5
+            comm *= 1.5
+        healthy_comm = comm
+        if job.kind == "moe" and "network_phase" in kinds:
+            comm *= 8.0 / 1.5
         if "nvlink_degraded" in kinds:
             comm *= 1.4
         if "nic_degraded" in kinds:
@@ -187,6 +193,7 @@ class Simulator:
             node = rng.choice(job.nodes)
             self._moe_hot[job.name] = (node, str(rng.randrange(job.gpus_per_node)))
         compute: dict[tuple[str, str], float] = {}
+        healthy: dict[tuple[str, str], float] = {}
         states: dict[tuple[str, str], _GpuState] = {}
         for n, node in enumerate(job.nodes):
             stage_factor = 1.0
@@ -197,15 +204,16 @@ class Simulator:
             for g in range(job.gpus_per_node):
                 key = (node, str(g))
                 factor = stage_factor
+                fault_factor = 1.0
                 st = _GpuState(0.0, 0.0, 1.0)
                 for f in faults:
                     if f.node != node:
                         continue
                     if f.kind == "slow_node" or (f.kind == "slow_gpu" and f.gpu == str(g)):
-                        factor *= f.severity
+                        fault_factor *= f.severity
                         st.slow, st.throttle = f.severity, THROTTLE_SW_POWER_CAP
                     elif f.kind == "thermal" and f.gpu == str(g):
-                        factor *= 1.25
+                        fault_factor *= 1.25
                         st.slow, st.throttle, st.hot = 1.25, THROTTLE_HW_THERMAL, True
                     elif f.kind == "nvlink_degraded" and f.gpu == str(g):
                         st.nvlink_factor = 0.55
@@ -213,9 +221,12 @@ class Simulator:
                     factor *= 1.2
                 if event == "warmup":
                     factor *= rng.uniform(0.9, 1.1)
-                compute[key] = job.compute_seconds * rng.gauss(1.0, 0.015) * factor
+                healthy[key] = job.compute_seconds * rng.gauss(1.0, 0.015) * factor
+                compute[key] = healthy[key] * fault_factor
                 states[key] = st
         step = max(compute.values()) + comm
+        self.truth.setdefault(job.name, []).append(
+            (t, math.inf if "hang" in kinds else step / (max(healthy.values()) + healthy_comm)))
         for key, st in states.items():
             st.busy = compute[key] / step
             st.comm = comm / step

@@ -165,9 +165,11 @@ def alerter(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def alerts(cfg: Config, args: argparse.Namespace) -> int:
-    """Print open incidents from Redis, newest first."""
+    """Print open incidents from Redis, costliest first (GPU-hours lost per hour;
+    those without an estimate after, newest first)."""
     import redis
 
+    from alerting.cost import by_cost, lost_per_hour
     from alerting.state import LiveState
 
     state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
@@ -176,9 +178,14 @@ def alerts(cfg: Config, args: argparse.Namespace) -> int:
             and (not args.severity or r["severity"] == args.severity)]
     if not rows:
         print("no open incidents")
-    for det in sorted(rows, key=lambda d: -d["detected_at"]):
+    else:
+        print(f"{'severity':8} {'kind':13} {'job':12} {'where':28} {'GPU-h/h':>8} summary")
+    for det in by_cost(rows):
         where = location(det["node"], det["gpu"])
-        print(f"{det['severity']:8} {det['kind']:13} {det['job']:12} {where:28} {det['summary']}")
+        lost = lost_per_hour(det)
+        cost = "–" if lost is None else f"{lost:.3g}"
+        print(f"{det['severity']:8} {det['kind']:13} {det['job']:12} {where:28} {cost:>8} "
+              f"{det['summary']}")
     return 0
 
 

@@ -18,8 +18,8 @@ def test_demo_schedule_is_detected_and_summarised() -> None:
     runner = ReplayRunner(DetectConfig())
     found = [d for s in Simulator(cluster, START, seed=SEED).samples(DURATION)
              for d in runner.feed(s)]
-    static = static_rules(cluster, START)
-    table, missed = summary(cluster, START, found, static)
+    static, truth = static_rules(cluster, START)
+    table, missed = summary(cluster, START, found, static, truth)
     assert missed == 0, table
     assert f"{len(SCHEDULE)} of {len(SCHEDULE)} faults detected; 0 detection(s)" in table
     rows = [line for line in table.splitlines() if line.strip().endswith(("missed", "s"))
@@ -28,3 +28,13 @@ def test_demo_schedule_is_detected_and_summarised() -> None:
     # Today's static rules catch only the XID in this schedule.
     assert {r["rule"] for r in static} == {"xid"}
     assert sum(line.endswith("missed") for line in rows) == len(SCHEDULE) - 1, table
+    # Each fault that slows its job shows Vigil's cost estimate beside the truth.
+    costed = 0
+    for line in rows:
+        cells = line.split()
+        at = next(i for i, c in enumerate(cells[1:], 1) if c[:-1].isdigit() and c[-1] == "s")
+        if cells[1] != "xid" and "–" not in cells[at + 1:at + 3]:
+            estimate, true = float(cells[at + 1]), float(cells[at + 2])
+            assert abs(estimate - true) <= max(0.25 * true, 0.3), line
+            costed += 1
+    assert costed == len(SCHEDULE) - 1, table  # all but the XID

@@ -5,9 +5,13 @@ from __future__ import annotations
 from vigil.views.top import LEVELS, NO_READING, Snapshot, cell, render
 
 
-def _det(job: str, node: str, gpu: str | None, kind: str, at: float) -> dict[str, object]:
+def _det(job: str, node: str, gpu: str | None, kind: str, at: float,
+         lost: float | None = None) -> dict[str, object]:
+    evidence = {} if lost is None else {"gpu_hours_lost_per_hour": lost, "job_gpus": 16,
+                                        "job_slowdown": lost / (16 - lost)}
     return {"id": f"{job}-{node}-{gpu}", "kind": kind, "job": job, "node": node, "gpu": gpu,
-            "severity": "warning", "detected_at": at, "summary": f"{kind} on {node}"}
+            "severity": "warning", "detected_at": at, "summary": f"{kind} on {node}",
+            "evidence": evidence}
 
 
 def test_cell_scales_activity_and_marks_no_reading() -> None:
@@ -46,3 +50,18 @@ def test_frame_shows_heat_incidents_and_pipeline() -> None:
 def test_frame_without_data_says_why() -> None:
     frame = render(Snapshot(taken_at=0.0), color=False)
     assert "no job heat yet" in frame and "none" in frame and "no worker heartbeat" in frame
+
+
+def test_frame_shows_goodput_and_costliest_incident_first() -> None:
+    heat = {f"n{n}/{g}": [0.9, 0.5, 0.6] for n in range(2) for g in range(8)}
+    snap = Snapshot(
+        taken_at=1000.0, jobs={"train": {"job": "train", "heat": heat, "late": 0}},
+        incidents=[_det("train", "n0", "1", "link_health", 990.0, lost=0.4),
+                   _det("train", "n1", "3", "straggler", 980.0, lost=2.0),
+                   _det("train", "n1", "5", "gpu_health", 995.0)])
+    frame = render(snap, color=False)
+    header = next(line for line in frame.splitlines() if line.startswith("train"))
+    assert "goodput 85%" in header and "losing 2.4 GPU-h/h" in header  # 1 - 2.4/16
+    listed = frame.split("OPEN INCIDENTS")[1].splitlines()[1:4]
+    assert [line.split()[1] for line in listed] == ["straggler", "link_health", "gpu_health"]
+    assert "2 GPU-h/h" in listed[0] and "cost ?" in listed[2]

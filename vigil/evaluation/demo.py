@@ -11,6 +11,7 @@ not have. Exits non-zero if a fault went undetected.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 import redis
 from kafka import KafkaConsumer
 
+from alerting.cost import lost_per_hour
 from alerting.state import LiveState
 from contracts import topics
 from contracts.codec import decode_detection
@@ -31,6 +33,7 @@ from contracts.messages import Detection, location
 from detectors.baseline import StaticRules
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil.evaluation.benchdetect import matches
+from vigil.evaluation.costcheck import true_slowdown
 from vigil.ops import localstack
 from vigil.ops.kafka_admin import ensure_topics
 from vigil.views import top
@@ -99,11 +102,31 @@ def _publish_realtime(cfg: Config, sim: Simulator, stop: threading.Event) -> Non
         pub.close()
 
 
-def static_rules(cluster: Cluster, start: float) -> list[dict[str, Any]]:
-    """What today's static dcgm-exporter rules fire on the very same samples."""
+Truth = dict[str, list[tuple[float, float]]]
+
+
+def static_rules(cluster: Cluster, start: float) -> tuple[list[dict[str, Any]], Truth]:
+    """What today's static dcgm-exporter rules fire on the very same samples, and the
+    simulator's truth of each job's step-time inflation (``Simulator.truth``)."""
     rules = StaticRules()
-    return [d for sample in Simulator(cluster, start, seed=SEED).samples(DURATION)
-            for d in rules.feed(sample)]
+    sim = Simulator(cluster, start, seed=SEED)
+    fired = [d for sample in sim.samples(DURATION) for d in rules.feed(sample)]
+    return fired, sim.truth
+
+
+def _cost(lost: float | None) -> str:
+    return "–" if lost is None or math.isnan(lost) else f"{lost:.3g}"
+
+
+def _true_cost(truth: Truth, cluster: Cluster, label: dict[str, Any],
+               det: Mapping[str, Any] | None) -> float | None:
+    """GPU-hours per hour the fault truly cost when it was detected."""
+    job = next(j for j in cluster.jobs if j.name == label["job"])
+    if det is None or job.name not in truth:
+        return None
+    slowdown = true_slowdown(truth[job.name], label["start"], det["detected_at"])
+    gpus = len(job.nodes) * job.gpus_per_node
+    return float(gpus) if math.isinf(slowdown) else gpus * slowdown / (1 + slowdown)
 
 
 def _first(found: Sequence[Mapping[str, Any]], label: dict[str, Any],
@@ -118,28 +141,35 @@ def _delay(det: Mapping[str, Any] | None, label: dict[str, Any]) -> float:
 
 
 def summary(cluster: Cluster, start: float, found: list[Detection],
-            static: list[dict[str, Any]]) -> tuple[str, int]:
-    """The closing table (Vigil beside the static rules) and the faults Vigil missed."""
+            static: list[dict[str, Any]], truth: Truth | None = None) -> tuple[str, int]:
+    """The closing table (Vigil, with each fault's estimated and true cost in GPU-hours
+    per hour, beside the static rules) and the faults Vigil missed."""
     firing = [d for d in found if d["state"] == "firing"]
     lines = [f"{'t+':>5}  {'fault':<13} {'job':<10} {'where':<14} "
-             f"{'Vigil: detected as':<19} {'delay':>6}   static rules"]
+             f"{'Vigil: detected as':<19} {'delay':>6} {'cost':>6} {'true':>6}   static rules"]
     missed = 0
     explained: set[str] = set()
     for label in cluster.labels():
         explained.update(d["id"] for d in firing if matches(d, label))
         first, rule = _first(firing, label), _first(static, label)
         missed += first is None
+        costed = [d for d in firing if matches(d, label) and lost_per_hour(d) is not None]
+        estimate = lost_per_hour(costed[0]) if costed else None
+        true = _true_cost(truth, cluster, label, costed[0] if costed else first) \
+            if truth else None
         lines.append(
             f"{label['start'] - start:>4.0f}s  {label['kind']:<13} {label['job']:<10} "
             f"{location(label['node'], label['gpu']):<14} "
             f"{first['kind'] if first else 'MISSED':<19} "
-            f"{_delay(first, label):>5.0f}s   "
+            f"{_delay(first, label):>5.0f}s {_cost(estimate):>6} {_cost(true):>6}   "
             + (f"{rule['rule']} after {_delay(rule, label):.0f}s" if rule else "missed"))
     false = [d for d in firing if d["id"] not in explained]
     lines.append(f"\n{len(cluster.labels()) - missed} of {len(cluster.labels())} faults "
                  f"detected; {len(false)} detection(s) with no fault behind them"
                  + "".join(f"\n  unexplained: {d['kind']} {d['job']} "
                            f"{location(d['node'], d['gpu'])}: {d['summary']}" for d in false))
+    lines.append("cost: GPU-hours per hour lost, as Vigil estimated it at detection and as the "
+                 "simulator knows it\n(– : the fault does not slow its job, or no estimate).")
     lines.append("Static rules: XID, ECC, temperature, slowdown and PCIe-width thresholds as "
                  "dcgm-exporter +\nPrometheus users run them (detectors/baseline.py), fed the "
                  "same samples.")
@@ -198,7 +228,7 @@ def main() -> int:
                 elapsed = max(0.0, time.time() - start)
                 header = f"demo t+{elapsed:.0f}s of {DURATION:.0f}s\n"
                 print(("\x1b[H\x1b[2J" if interactive else "\n") + header + frame, flush=True)
-        table, missed = summary(cluster, start, found, static_rules(cluster, start))
+        table, missed = summary(cluster, start, found, *static_rules(cluster, start))
         print("\n=== summary: what was injected, what Vigil said, how long it took\n" + table)
         print(f"\nRedis keeps the live state: `VIGIL_REDIS_KEY_PREFIX={cfg.redis.key_prefix} "
               f"vigil alerts`; a job's report: `VIGIL_KAFKA_TOPIC_PREFIX=demo-{run}. "

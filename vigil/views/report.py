@@ -5,8 +5,9 @@ From a trace file or the samples topic, the job's samples are binned in event ti
 into per-GPU matrices of SM, tensor and DRAM activity (rows = ``node/gpu``), link
 throughput per bin, the detections the engine raises over the same samples (the code
 ``vigil replay`` and the worker run), the GPU-time split into compute, exposed
-communication and idle, and the tensor-core peaks Moneo reports (under 35 % in
-real training).
+communication and idle, the tensor-core peaks Moneo reports (under 35 % in
+real training), and the job's estimated step-time inflation per bin (how the
+detections' cost is estimated, ``detectors/cost.py``, over the whole trace).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import numpy as np
 from contracts.config import DetectConfig
 from contracts.messages import Detection, Sample
 from contracts.status import HEAT_METRICS, gpu_key_order
+from detectors.cost import MIN_LEVEL, inflation_series
 from detectors.engine import JobEngine
 from detectors.job_profile import stands_out, tensor_peaks, time_shares
+from detectors.robust import nanmedian
 
 MOSTLY_LOW_TENSOR = 0.35  # Moneo: tensor-core peaks under 35 % in real training
 MAX_BINS = 720  # longer traces get wider bins, so a plot stays readable
@@ -43,6 +46,7 @@ class ReportData:
     shares: dict[str, float] = field(default_factory=dict)  # compute/communication/idle
     tensor_peaks: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per row
     stands_out: list[tuple[str, str, float, float]] = field(default_factory=list)
+    inflation: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per bin, NaN: pause
 
     @property
     def times(self) -> np.ndarray:
@@ -111,4 +115,7 @@ def build(samples: Iterable[Sample], job: str, cfg: DetectConfig) -> ReportData:
     data.shares = time_shares(rows, heat["sm_active"], gpu_link, node_ib)
     data.tensor_peaks = tensor_peaks(heat["tensor_active"])
     data.stands_out = stands_out(rows, {m: data.row_means(m) for m in HEAT_METRICS})
+    duty = heat["tensor_active"] if np.nanmedian(heat["tensor_active"]) >= MIN_LEVEL \
+        else heat["sm_active"]
+    data.inflation = inflation_series(nanmedian(duty, axis=0))
     return data

@@ -15,6 +15,7 @@ matplotlib.use("Agg")  # files only: no display on servers or in CI
 import matplotlib.pyplot as plt
 import numpy as np
 
+from alerting.cost import cost_text
 from contracts.status import HEAT_METRICS, HEAT_NAMES
 from vigil.views.report import MOSTLY_LOW_TENSOR, ReportData
 
@@ -72,6 +73,24 @@ def throughput_png(data: ReportData) -> str:
     return _png(fig)
 
 
+def inflation_png(data: ReportData) -> str:
+    """The job's estimated step-time inflation over time; each detection marked, with
+    its own cost estimate as a dot where it has one."""
+    fig, ax = plt.subplots(figsize=(12, 3.2))
+    ax.plot(data.times, data.inflation * 100, color="#a33",
+            label="step-time inflation (gaps: pauses, no reading)")
+    for det in data.detections:
+        slowdown = det["evidence"].get("job_slowdown")
+        if isinstance(slowdown, int | float):
+            ax.plot(det["detected_at"] - data.start, slowdown * 100, "o", color="black")
+    ax.set_ylabel("% longer steps")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seconds since the first sample")
+    ax.legend(loc="upper left", fontsize=8)
+    _mark_detections(ax, data, label=True)
+    return _png(fig)
+
+
 def shares_png(data: ReportData) -> str:
     """Compute / communication / idle shares and the tensor-core peak distribution."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.0))
@@ -111,10 +130,11 @@ def render(data: ReportData) -> str:
         ["detections", str(len(data.detections))],
     ]
     dets = [[f"+{d['detected_at'] - data.start:.0f} s", d["kind"], d["severity"],
-             d["node"] or "-", d["gpu"] or "-", d["summary"]] for d in data.detections]
+             d["node"] or "-", d["gpu"] or "-", cost_text(d) or "-", d["summary"]]
+            for d in data.detections]
     outliers = [[row, HEAT_NAMES[m][1], f"{mean:.0%}", f"{z:.1f}"]
                 for row, m, mean, z in data.stands_out]
-    images = (heatmaps_png(data), throughput_png(data), shares_png(data))
+    images = (heatmaps_png(data), throughput_png(data), shares_png(data), inflation_png(data))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Vigil report: {html.escape(data.job)}</title>
 <style>
@@ -126,12 +146,18 @@ img {{ max-width: 100%; }} .note {{ color: #555; font-size: 85%; }}
 <h1>Job {html.escape(data.job)}</h1>
 {_table(["", ""], summary)}
 <h2>Detections</h2>
-{_table(["when", "kind", "severity", "node", "GPU", "summary"], dets) if dets else "<p>none</p>"}
+{_table(["when", "kind", "severity", "node", "GPU", "cost", "summary"], dets)
+ if dets else "<p>none</p>"}
 <h2>GPUs that stand out</h2>
 <p class="note">Mean over the whole report; robust z of a GPU against the other GPUs of
 its node, of a node against the job's nodes (|z| ≥ 3.5 shown). A slow GPU often reads
 <em>higher</em>: it is still computing while its peers wait for it.</p>
 {_table(["GPU or node", "metric", "mean", "robust z"], outliers) if outliers else "<p>none</p>"}
+<h2>Step-time inflation</h2>
+<img alt="inflation" src="data:image/png;base64,{images[3]}">
+<p class="note">Estimated from counters: the healthy GPUs' compute duty cycle falls as
+the job's steps stretch, so inflation = (the job's upper-quartile duty cycle over the
+trace) / (this bin's) − 1. Dots: each detection's own cost estimate.</p>
 <h2>Per-GPU activity</h2>
 <img alt="heatmaps" src="data:image/png;base64,{images[0]}">
 <h2>Link throughput</h2>

@@ -1,10 +1,12 @@
 """`vigil top`: a live terminal view of the fleet, read from Redis.
 
-Per job, one row per node with a heat strip for SM, tensor and DRAM activity (one
-cell per GPU, the last evaluated 5 s bin: the worker's ``vigil.status`` feed, kept
-in Redis by the alerter); GPUs with an open incident are marked. Below: the open
-incidents, newest first, and the pipeline's health (each worker's lag and dead
-letters, silent agents). ``q`` or Ctrl-C quits; ``--once`` prints one frame.
+Per job, its goodput (the share of its GPU time not lost to open incidents, from
+their cost estimates) and one row per node with a heat strip for SM, tensor and
+DRAM activity (one cell per GPU, the last evaluated 5 s bin: the worker's
+``vigil.status`` feed, kept in Redis by the alerter); GPUs with an open incident
+are marked. Below: the open incidents, costliest first, each with its cost in
+GPU-hours per hour, and the pipeline's health (each worker's lag and dead letters,
+silent agents). ``q`` or Ctrl-C quits; ``--once`` prints one frame.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tty
 from dataclasses import dataclass, field
 from typing import Any
 
+from alerting.cost import by_cost, goodput, lost_per_hour
 from alerting.state import LiveState
 from contracts.messages import Detection, location
 from contracts.status import HEAT_METRICS, HEAT_NAMES, gpu_key_order
@@ -35,14 +38,14 @@ class Snapshot:
     taken_at: float
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # job → status
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)  # worker → heartbeat
-    incidents: list[Detection] = field(default_factory=list)  # firing, newest first
+    incidents: list[Detection] = field(default_factory=list)  # firing, costliest first
 
 
 def gather(state: LiveState, now: float | None = None, max_age: float = 600.0) -> Snapshot:
     """Read the live view's data: job heat, worker heartbeats, open incidents."""
     now = time.time() if now is None else now
     live = state.pipeline_status(max_age=max_age, now=now)
-    incidents = sorted(state.open_incidents(), key=lambda d: -d["detected_at"])
+    incidents = by_cost(state.open_incidents())
     return Snapshot(now, live["jobs"], live["workers"], incidents)
 
 
@@ -53,8 +56,15 @@ def cell(value: float | None) -> str:
     return LEVELS[min(len(LEVELS) - 1, max(0, round(value * (len(LEVELS) - 1))))]
 
 
+def job_goodput(gpus: int, incidents: list[Detection]) -> tuple[float, float]:
+    """(goodput, GPU-hours per hour lost) of a job from its open incidents' costs."""
+    lost = sum(x for d in incidents if (x := lost_per_hour(d)) is not None)
+    lost = min(lost, float(gpus)) if gpus else lost
+    return goodput(gpus, lost), lost
+
+
 def _job_rows(job: str, status: dict[str, Any], flagged: dict[tuple[str, str | None], str],
-              color: bool) -> list[str]:
+              color: bool, incidents: list[Detection]) -> list[str]:
     """The heat strips of one job: a header, then a row per node."""
     metrics = status.get("metrics", list(HEAT_METRICS))
     by_node: dict[str, list[tuple[str, list[float | None]]]] = {}
@@ -64,8 +74,11 @@ def _job_rows(job: str, status: dict[str, Any], flagged: dict[tuple[str, str | N
     gpus_per_node = max((len(v) for v in by_node.values()), default=0)
     strip = max(gpus_per_node, 6)
     node_width = min(24, max((len(n) for n in by_node), default=4))
+    gpu_count = sum(len(v) for v in by_node.values())
+    share, lost = job_goodput(gpu_count, incidents)
+    losing = f" (losing {lost:.3g} GPU-h/h)" if lost else ""
     lines = [f"{BOLD if color else ''}{job}{RESET if color else ''}  "
-             f"{len(by_node)} nodes, {sum(len(v) for v in by_node.values())} GPUs  "
+             f"{len(by_node)} nodes, {gpu_count} GPUs  goodput {share:.0%}{losing}  "
              f"late samples {status.get('late', 0)}",
              f"  {'node':<{node_width}}  " + "  ".join(
                  f"{HEAT_NAMES.get(m, (m, m))[0][:strip]:<{strip}}" for m in metrics)]
@@ -108,7 +121,8 @@ def render(snap: Snapshot, width: int = 120, height: int = 60, color: bool = Tru
     budget = max(8, height - 12 - min(len(snap.incidents), 8) - len(snap.workers))
     shown = 0
     for job in order:
-        rows = _job_rows(job, snap.jobs[job], flagged.get(job, {}), color)
+        rows = _job_rows(job, snap.jobs[job], flagged.get(job, {}), color,
+                         [d for d in snap.incidents if d["job"] == job])
         if shown and shown + len(rows) > budget:
             lines.append(f"… {len(order) - order.index(job)} more job(s)")
             break
@@ -119,10 +133,12 @@ def render(snap: Snapshot, width: int = 120, height: int = 60, color: bool = Tru
         lines.extend(["no job heat yet (is the worker publishing vigil.status, and the "
                       "alerter running?)", ""])
     lines.append(f"{BOLD if color else ''}OPEN INCIDENTS{RESET if color else ''}")
-    for det in snap.incidents[:8]:
+    for det in by_cost(snap.incidents)[:8]:
         where = location(det["node"], det["gpu"])
+        lost = lost_per_hour(det)
+        cost = "cost ?" if lost is None else f"{lost:.3g} GPU-h/h"
         line = (f"  {det['severity']:<8} {det['kind']:<13} {det['job']:<16} {where:<22} "
-                f"{_ago(snap.taken_at - det['detected_at']):>8}  {det['summary']}")
+                f"{cost:>13} {_ago(snap.taken_at - det['detected_at']):>8}  {det['summary']}")
         lines.append(line[:width])
     if len(snap.incidents) > 8:
         lines.append(f"  … {len(snap.incidents) - 8} more (vigil alerts)")
