@@ -60,6 +60,7 @@ RECENT_BINS = 3  # how many post-onset bins the current level is the median of
 HISTORY_BINS = 48  # bins of per-node levels kept to find the healthy level in
 HEALTHY_QUANTILE = 0.75  # of the pre-onset levels: pauses and the fault read lower
 MIN_HEALTHY_BINS = 3
+TRACE_HEALTHY_QUANTILE = 0.9  # the report's whole-trace healthy level
 
 
 def is_costed(f: Finding) -> bool:
@@ -196,13 +197,14 @@ def _estimate(view: WindowView, f: Finding, entry: dict[str, Any], levels: Array
 
 def inflation_series(levels: Array) -> Array:
     """A whole trace's step-time inflation per bin, for the report: ``levels`` is the
-    job's median duty cycle per bin; its healthy level is their upper quartile (the
-    same statistic as a detection's baseline, over the whole trace). Pauses (below
-    ``PHASE_FLOOR`` of it) and empty bins are NaN."""
+    job's median duty cycle per bin; its healthy level is their 90th percentile
+    (``TRACE_HEALTHY_QUANTILE``: a fault may fill most of a report's span, unlike the
+    minutes before a detection's onset). Pauses (below ``PHASE_FLOOR`` of it) and
+    empty bins are NaN. A fault that lasts the whole trace reads as no inflation."""
     known = levels[~np.isnan(levels)]
     if not known.size:
         return np.full(levels.shape, np.nan)
-    healthy = float(np.quantile(known, HEALTHY_QUANTILE))
+    healthy = float(np.quantile(known, TRACE_HEALTHY_QUANTILE))
     with np.errstate(invalid="ignore", divide="ignore"):
         out = np.maximum(healthy / levels - 1.0, 0.0)
     return np.where(levels >= PHASE_FLOOR * healthy, out, np.nan)

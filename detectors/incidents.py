@@ -11,11 +11,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import numpy as np
+
 from contracts import DETECTION_SCHEMA
 from contracts.messages import Detection
+from detectors.cost import cost_fields
 from detectors.findings import Finding
 
-COST_FIELDS = ("job_slowdown", "job_gpus", "gpu_hours_lost_per_hour", "cost_basis")
+COST_HISTORY = 240  # estimates (20 min of 5 s steps) the resolved cost is the median of
 
 
 def incident_id(job: str, key: str, started_at: float) -> str:
@@ -61,11 +64,8 @@ class IncidentTracker:
                 det = self._detection(finding, key, cond["since"], now, "firing")
                 cond["detection"] = det
                 out.append(det)
-            elif cond["firing"]:  # the resolved message carries the latest cost estimate
-                latest = {k: finding.evidence[k] for k in COST_FIELDS if k in finding.evidence}
-                if latest:
-                    before: Detection = cond["detection"]
-                    cond["detection"] = {**before, "evidence": {**before["evidence"], **latest}}
+            if cond["firing"]:
+                _track_cost(cond, finding)
         for key in [k for k in self.conditions if k not in seen]:
             if key.split("|", 1)[0] not in kinds:
                 continue
@@ -101,3 +101,19 @@ class IncidentTracker:
             "summary": f.summary,
             "evidence": f.evidence,
         }
+
+
+def _track_cost(cond: dict[str, Any], finding: Finding) -> None:
+    """Keep the incident's recent cost estimates; the held detection (what its resolved
+    message copies) carries their median: the typical cost while it was open, not the
+    last evaluations', which see the fault fading."""
+    ev = finding.evidence
+    if ev.get("job_slowdown") is None:
+        return
+    history: list[float] = cond.setdefault("costs", [])
+    history.append(float(ev["job_slowdown"]))
+    del history[:-COST_HISTORY]
+    fired: Detection = cond["detection"]
+    typical = cost_fields(int(ev.get("job_gpus") or 0), float(np.median(history)),
+                          str(ev.get("cost_basis")))
+    cond["detection"] = {**fired, "evidence": {**fired["evidence"], **typical}}

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from prometheus_client import generate_latest
 
+from alerting.cost import CostLedger
 from alerting.metrics import alerter_registry
 from producers.metrics import agent_registry
 from streams.metrics import WorkerMetrics
@@ -42,7 +43,8 @@ def _exported() -> set[str]:
     alerter = SimpleNamespace(applied=1, duplicates=0, invalid=0, statuses=0,
                               outage=SimpleNamespace(errors=0, backlog=[]),
                               outcomes={("slack", "delivered"): 1}, workers={},
-                              router=SimpleNamespace(open={}))
+                              router=SimpleNamespace(open={}), ledger=CostLedger(),
+                              job_gpus={})
     names = set()
     for registry in (WorkerMetrics().registry, agent_registry(agent, publisher),  # type: ignore[arg-type]
                      alerter_registry(alerter)):  # type: ignore[arg-type]

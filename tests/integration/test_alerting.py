@@ -192,3 +192,47 @@ def test_cli_silence_ack_and_alerts(isolated_env: dict[str, str]) -> None:
     assert store.silenced_by({"kind": "straggler", "job": "prod-4"}) is None
     run("ack", "straggler-xyz", "--by", "alice")
     assert store.acked("straggler-xyz")
+
+
+def test_a_costly_incident_pages_and_its_cost_is_counted(
+        isolated_env: dict[str, str], alertmanager: str) -> None:
+    from tests.alerting.test_cost import costly
+
+    now = time.time()
+    dear = dict(costly("dear-1", lost=9.0, job="job-d"), started_at=now - 3600,
+                detected_at=now - 3590)
+    cheap = dict(costly("cheap-1", lost=1.5, job="job-c"), started_at=now - 60,
+                 detected_at=now - 50)
+    dear_end = dict(dear, state="resolved", detected_at=now)  # as the worker sends it
+    cfg = load(env=dict(isolated_env, VIGIL_ALERTER_ALERTMANAGER_URL=alertmanager,
+                        VIGIL_ALERTER_PAGE_GPU_HOURS_PER_HOUR="8"))
+    _publish(cfg, [dear, cheap])
+    alerter = _alerter(cfg)
+    try:
+        _run(alerter, lambda: alerter.applied >= 2 and len(_am_alerts(alertmanager)) >= 2)
+        severity = {a["labels"]["incident"]: a["labels"]["severity"]
+                    for a in _am_alerts(alertmanager)}
+        assert severity == {"dear-1": "critical", "cheap-1": "warning"}
+        stored = {d["id"]: d for d in alerter.state.open_incidents()}
+        assert stored["dear-1"]["severity"] == "critical"
+        text = _scrape(alerter)
+        assert 'vigil_gpu_hours_lost_total{job="job-d",kind="straggler"} 9.0' in text
+        # 90 + 90 GPUs watched, 10.5 GPU-hours per hour lost now
+        assert "vigil_gpu_hours_lost_per_hour 10.5" in text
+        assert f"vigil_fleet_goodput {1 - 10.5 / 180}" in text
+        _publish(cfg, [dear_end])
+        _run(alerter, lambda: [a["labels"]["incident"] for a in _am_alerts(alertmanager)]
+             == ["cheap-1"], timeout=15)
+    finally:
+        alerter.close()
+        alerter.consumer.close()
+    assert [a["labels"]["incident"] for a in _am_alerts(alertmanager)] == ["cheap-1"]
+    assert alerter.ledger.losing_now() == {"job-c": 1.5}
+
+
+def _scrape(alerter: Alerter) -> str:
+    from prometheus_client import generate_latest
+
+    from alerting.metrics import alerter_registry
+
+    return generate_latest(alerter_registry(alerter)).decode()

@@ -51,11 +51,23 @@ def test_page_is_self_contained_with_plots_and_detections(tmp_path: Path) -> Non
     data = build(samples, "rep", DetectConfig())
     page = render(data)
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(images) == 3
+    assert len(images) == 4  # heatmaps, throughput, shares, step-time inflation
     assert all(base64.b64decode(i).startswith(b"\x89PNG\r\n\x1a\n") for i in images)
     assert "http://" not in page and "https://" not in page  # nothing fetched when opened
     assert "link_health" in page and "r2" in page
     assert data.ib.max() > 0 and data.nvlink.max() > 0
+    assert "GPU-hours per hour" in page  # the detection's cost in its table row
+
+
+def test_inflation_rises_with_the_fault_and_matches_the_detection() -> None:
+    samples, fault = _samples("data_parallel", "slow_gpu", duration=240.0)
+    data = build(samples, "rep", DetectConfig())
+    onset = int((fault.start - data.start) // data.bin_seconds)
+    before, after = data.inflation[2:onset - 1], data.inflation[onset + 2:]
+    assert np.nanmax(before) < 0.03  # healthy: steps as long as usual
+    assert np.nanmedian(after) > 0.15  # the slow GPU (x1.3) stretches every step
+    [det] = [d for d in data.detections if d["kind"] == "straggler"]
+    assert det["evidence"]["job_slowdown"] == pytest.approx(np.nanmedian(after), rel=0.25)
 
 
 def test_cli_writes_report_from_a_trace_and_refuses_unknown_job(tmp_path: Path) -> None:

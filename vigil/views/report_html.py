@@ -156,7 +156,7 @@ its node, of a node against the job's nodes (|z| ≥ 3.5 shown). A slow GPU ofte
 <h2>Step-time inflation</h2>
 <img alt="inflation" src="data:image/png;base64,{images[3]}">
 <p class="note">Estimated from counters: the healthy GPUs' compute duty cycle falls as
-the job's steps stretch, so inflation = (the job's upper-quartile duty cycle over the
+the job's steps stretch, so inflation = (the job's 90th-percentile duty cycle over the
 trace) / (this bin's) − 1. Dots: each detection's own cost estimate.</p>
 <h2>Per-GPU activity</h2>
 <img alt="heatmaps" src="data:image/png;base64,{images[0]}">

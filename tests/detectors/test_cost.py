@@ -1,0 +1,103 @@
+"""Cost estimates in detections, against the simulator's truth."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from contracts.codec import validate_detection
+from contracts.config import DetectConfig
+from contracts.errors import ContractError
+from detectors.cost import inflation_series
+from detectors.engine import ReplayRunner
+from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
+from vigil.evaluation.costcheck import CostCase, run_case, true_slowdown
+
+START = 1_700_000_000.0
+
+
+@pytest.mark.parametrize("case", [
+    CostCase("data_parallel", 8, "slow_gpu", 1.2, 7),
+    CostCase("pipeline", 8, "slow_node", 1.4, 7),
+    CostCase("moe", 8, "slow_gpu", 1.6, 7),
+    CostCase("data_parallel", 4, "nvlink_degraded", 0.0, 7),
+    CostCase("moe", 4, "network_phase", 0.0, 7),
+], ids=lambda c: c.name)
+def test_estimate_is_within_a_quarter_of_the_truth(case: CostCase) -> None:
+    results = run_case(case)
+    assert results, f"{case.name}: no costed detection of the fault"
+    for r in results:
+        assert r.basis == "baseline" and r.estimate is not None
+        assert r.true > 0.02, r  # each of these faults slows its job measurably
+        assert abs(r.estimate - r.true) <= 0.25 * r.true, r
+
+
+def test_hang_costs_the_whole_job() -> None:
+    [r] = run_case(CostCase("data_parallel", 4, "hang", 0.0, 7))
+    assert math.isinf(r.true) and r.basis == "hang" and r.estimate is None
+    assert r.lost_per_hour == 32.0  # 4 nodes × 8 GPUs
+
+
+def test_fields_are_consistent_and_resolved_carries_the_latest() -> None:
+    job = JobSpec("j", [f"n{i}" for i in range(6)], events=[Event("warmup", START, START + 30)])
+    fault = Fault("slow_gpu", "j", "n2", "4", START + 90, START + 200, severity=1.3)
+    runner = ReplayRunner(DetectConfig())
+    dets = [d for s in Simulator(Cluster([job], [fault]), START, seed=3).samples(320)
+            for d in runner.feed(s)]
+    firing = [d for d in dets if d["kind"] == "straggler" and d["state"] == "firing"]
+    resolved = [d for d in dets if d["kind"] == "straggler" and d["state"] == "resolved"]
+    assert len(firing) == 1 and len(resolved) == 1, dets
+    for det in (firing[0], resolved[0]):
+        ev = validate_detection(det)["evidence"]
+        assert ev["job_gpus"] == 48 and ev["cost_basis"] == "baseline"
+        s = ev["job_slowdown"]
+        assert ev["gpu_hours_lost_per_hour"] == pytest.approx(48 * s / (1 + s), abs=2e-3)
+    # The resolved message speaks for the whole incident, not for its first seconds.
+    sim_truth = true_slowdown(_truth(job, fault), fault.start, fault.end - 1)
+    assert abs(resolved[0]["evidence"]["job_slowdown"] - sim_truth) <= 0.25 * sim_truth
+
+
+def _truth(job: JobSpec, fault: Fault) -> list[tuple[float, float]]:
+    sim = Simulator(Cluster([job], [fault]), START, seed=3)
+    for _ in sim.samples(320):
+        pass
+    return sim.truth["j"]
+
+
+def test_a_fault_older_than_the_history_falls_back_to_the_blamed_gpu() -> None:
+    job = JobSpec("j", [f"n{i}" for i in range(4)])
+    fault = Fault("slow_gpu", "j", "n1", "2", START, severity=1.4)  # slow from the start
+    runner = ReplayRunner(DetectConfig())
+    firing = [d for s in Simulator(Cluster([job], [fault]), START, seed=5).samples(150)
+              for d in runner.feed(s) if d["state"] == "firing"]
+    assert [d["node"] for d in firing] == ["n1"], firing
+    ev = firing[0]["evidence"]
+    assert ev["cost_basis"] == "blamed"
+    # an upper bound: at least the truth, and not absurdly above it
+    assert 0.28 <= ev["job_slowdown"] <= 0.45, ev
+
+
+def test_codec_refuses_a_negative_or_mistyped_cost() -> None:
+    base: dict[str, Any] = {
+        "schema": "vigil.detection/1", "id": "x", "kind": "straggler", "state": "firing",
+        "severity": "warning", "job": "j", "node": "n", "gpu": "1", "started_at": 1.0,
+        "detected_at": 2.0, "metrics": [], "score": 1.0, "summary": "s",
+        "evidence": {"job_slowdown": 0.1, "job_gpus": 8, "gpu_hours_lost_per_hour": 0.73,
+                     "cost_basis": "baseline"}}
+    validate_detection(base)
+    validate_detection({**base, "evidence": {"job_slowdown": None, "cost_basis": "none",
+                                             "gpu_hours_lost_per_hour": None, "job_gpus": 8}})
+    for bad in ({"job_slowdown": -0.1}, {"gpu_hours_lost_per_hour": "7"}, {"job_gpus": 1.5},
+                {"job_gpus": True}, {"cost_basis": "guess"}):
+        with pytest.raises(ContractError):
+            validate_detection({**base, "evidence": {**base["evidence"], **bad}})
+
+
+def test_inflation_series_reads_pauses_as_gaps() -> None:
+    levels = np.array([0.40, 0.40, 0.40, 0.01, 0.40, 0.32, 0.32, np.nan])
+    series = inflation_series(levels)
+    assert series[0] == 0.0 and series[5] == pytest.approx(0.25)
+    assert np.isnan(series[3]) and np.isnan(series[7])
