@@ -44,9 +44,14 @@ FAULT_KINDS: dict[str, tuple[str, ...]] = {
     "hang": ("hang",),
     "node_silent": ("node_silent",),
     "network_phase": ("network_bound",),
+    # physics the detectors were not designed around (issue #14's held-out classes)
+    "slow_gpu_quiet": ("straggler",),  # slower with no clock change and no flag
+    "slow_host": ("straggler",),  # a node's host (CPU, data loader) slows its GPUs
+    "thermal_creep": ("gpu_health", "straggler"),  # slows by `severity` over 10 min
 }
 JOB_LEVEL_FAULTS = {"hang", "network_phase"}
-NODE_LEVEL_FAULTS = {"slow_node", "nic_degraded", "node_silent"}
+NODE_LEVEL_FAULTS = {"slow_node", "nic_degraded", "node_silent", "slow_host"}
+CREEP_SECONDS = 600.0  # thermal_creep reaches its full slowdown after this long
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,14 @@ class JobSpec:
     comm_seconds: float = 0.2  # per step, after the barrier
     stages: int = 4  # pipeline: nodes are split into this many stages
     events: list[Event] = field(default_factory=list)
+    # MoE expert load that rotates smoothly between GPUs: ±amplitude, one turn per
+    # period (0 = the classic random hot expert instead)
+    moe_rotation_seconds: float = 0.0
+    moe_amplitude: float = 0.2
+    # MoE hot expert that dwells on one GPU this long, then moves to another (0 = off)
+    moe_dwell_seconds: float = 0.0
+    heterogeneity: float = 0.0  # static per-GPU compute spread (silicon, cooling), σ
+    leaves: dict[str, float] = field(default_factory=dict)  # node → time it leaves the job
 
     def stage_of(self, node_index: int) -> int:
         """Pipeline stage of a node (nodes are assigned round-robin, so DP replicas align)."""
@@ -101,6 +114,9 @@ class Cluster:
     faults: list[Fault] = field(default_factory=list)
     skew_seconds: float = 0.0  # node clocks offset uniformly in ±skew
     loss: float = 0.0  # share of messages lost
+    node_loss: dict[str, float] = field(default_factory=dict)  # node → its own loss share
+    drift: dict[str, float] = field(default_factory=dict)  # node → clock drift, s per hour
+    offsets: dict[str, float] = field(default_factory=dict)  # node → fixed clock offset, s
     reorder_seconds: float = 0.0  # messages arrive up to this late
 
     def labels(self) -> list[dict[str, Any]]:
@@ -130,6 +146,7 @@ class _GpuState:
     nvlink_factor: float = 1.0
     throttle: int = 0
     hot: bool = False
+    heat: float = 0.0  # thermal creep's progress, 0..1
 
 
 class Simulator:
@@ -145,6 +162,10 @@ class Simulator:
         self._ecc: dict[tuple[str, str], float] = {}
         self._ib_errors: dict[str, float] = {}
         self._moe_hot: dict[str, tuple[str, str]] = {}
+        # the newer physics draws from its own generator, so adding it left every
+        # older scenario's samples exactly as they were
+        self._physics = random.Random(f"{seed}-physics")
+        self._spread: dict[tuple[str, str, str], float] = {}  # static per-GPU factor
         # job → [(true time, actual step / healthy step)], one per tick: the ground
         # truth of what the job's faults cost (inf while it hangs)
         self.truth: dict[str, list[tuple[float, float]]] = {}
@@ -162,6 +183,9 @@ class Simulator:
             for job in self.cluster.jobs:
                 for sample in self._job_tick(job, t):
                     if self._rng.random() < self.cluster.loss:
+                        continue
+                    own_loss = self.cluster.node_loss.get(sample["node"], 0.0)
+                    if own_loss and self._physics.random() < own_loss:
                         continue
                     arrival = t + self._rng.uniform(0, self.cluster.reorder_seconds)
                     pending.append((arrival, seq, sample))
@@ -189,13 +213,17 @@ class Simulator:
             comm *= 1.4
         if "nic_degraded" in kinds:
             comm *= 1.6
-        if job.kind == "moe" and (job.name not in self._moe_hot or rng.random() < 0.5):
+        if job.kind == "moe" and not (job.moe_rotation_seconds or job.moe_dwell_seconds) and (
+                job.name not in self._moe_hot or rng.random() < 0.5):
             node = rng.choice(job.nodes)
             self._moe_hot[job.name] = (node, str(rng.randrange(job.gpus_per_node)))
         compute: dict[tuple[str, str], float] = {}
         healthy: dict[tuple[str, str], float] = {}
         states: dict[tuple[str, str], _GpuState] = {}
+        gone = {n for n, at in job.leaves.items() if at <= t}
         for n, node in enumerate(job.nodes):
+            if node in gone:
+                continue
             stage_factor = 1.0
             if job.kind == "pipeline":
                 stage = job.stage_of(n)
@@ -206,10 +234,19 @@ class Simulator:
                 factor = stage_factor
                 fault_factor = 1.0
                 st = _GpuState(0.0, 0.0, 1.0)
+                factor *= self._workload_factor(job, t, n, g)
                 for f in faults:
                     if f.node != node:
                         continue
-                    if f.kind == "slow_node" or (f.kind == "slow_gpu" and f.gpu == str(g)):
+                    if f.kind == "slow_host" or (f.kind == "slow_gpu_quiet" and f.gpu == str(g)):
+                        fault_factor *= f.severity  # no clock change, no flag
+                    elif f.kind == "thermal_creep" and f.gpu == str(g):
+                        heat = min(1.0, (t - f.start) / CREEP_SECONDS)
+                        slow = 1.0 + (f.severity - 1.0) * heat
+                        fault_factor *= slow
+                        st.slow, st.heat = slow, heat
+                        st.throttle = THROTTLE_HW_THERMAL if heat >= 0.5 else 0
+                    elif f.kind == "slow_node" or (f.kind == "slow_gpu" and f.gpu == str(g)):
                         fault_factor *= f.severity
                         st.slow, st.throttle = f.severity, THROTTLE_SW_POWER_CAP
                     elif f.kind == "thermal" and f.gpu == str(g):
@@ -233,7 +270,38 @@ class Simulator:
         for node in job.nodes:
             if any(f.kind == "node_silent" and f.node == node for f in faults):
                 continue
+            if node in gone:  # left the job: idle, reporting under no job
+                idle = {(node, str(g)): _GpuState(0.0, 0.0, 1.0)
+                        for g in range(job.gpus_per_node)}
+                yield {**self._node_sample(job, node, t, idle, [], None, set()), "job": ""}
+                continue
             yield self._node_sample(job, node, t, states, faults, event, kinds)
+
+    def _workload_factor(self, job: JobSpec, t: float, node_index: int, gpu: int) -> float:
+        """Healthy compute differences: static per-GPU spread, and MoE expert load that
+        rotates smoothly between GPUs (each GPU peaks once per rotation, at its own
+        phase: where its experts sit)."""
+        factor = 1.0
+        if job.heterogeneity:
+            key = (job.name, job.nodes[node_index], str(gpu))
+            if key not in self._spread:
+                self._spread[key] = max(0.8, self._physics.gauss(1.0, job.heterogeneity))
+            factor *= self._spread[key]
+        if job.kind == "moe" and job.moe_rotation_seconds:
+            key = (job.name, job.nodes[node_index], f"phase-{gpu}")
+            if key not in self._spread:  # where the GPU's experts sit in the rotation
+                self._spread[key] = self._physics.random()
+            factor *= 1.0 + job.moe_amplitude * math.cos(
+                2 * math.pi * ((t - self.start) / job.moe_rotation_seconds - self._spread[key]))
+        if job.kind == "moe" and job.moe_dwell_seconds:
+            turn = int((t - self.start) // job.moe_dwell_seconds)
+            key = (job.name, f"turn-{turn}", "")
+            if key not in self._spread:  # the GPU the hot expert sits on this turn
+                self._spread[key] = float(self._physics.randrange(
+                    len(job.nodes) * job.gpus_per_node))
+            if self._spread[key] == node_index * job.gpus_per_node + gpu:
+                factor *= 1.0 + job.moe_amplitude
+        return factor
 
     def _node_sample(self, job: JobSpec, node: str, t: float,
                      states: dict[tuple[str, str], _GpuState], faults: list[Fault],
@@ -251,7 +319,7 @@ class Simulator:
             reading["ecc_dbe"] = self._ecc.get((node, gpu), 0.0)
             gpus[gpu] = reading
         nic_degraded = any(f.kind == "nic_degraded" and f.node == node for f in faults)
-        comm_share = next(iter(states.values())).comm
+        comm_share = states[(node, "0")].comm if (node, "0") in states else 0.0
         nics = {}
         for k in range(2):
             name = f"mlx5_{k}"
@@ -267,12 +335,25 @@ class Simulator:
                           if k == 0 else 0.0,
                           "ib_xmit_wait": abs(rng.gauss(wait, wait * 0.1))}
         return {
-            "schema": SAMPLE_SCHEMA, "ts": round(t + self._skew.get(node, 0.0), 3),
+            "schema": SAMPLE_SCHEMA, "ts": round(t + self._clock(node, t), 3),
             "job": job.name, "node": node, "gpus": gpus,
-            "host": {"cpu_util": _clip(rng.gauss(0.35, 0.03)), "mem_used": 400 * GIB},
+            "host": {"cpu_util": self._cpu_util(node, faults), "mem_used": 400 * GIB},
             "nics": nics,
             "meta": {"agent": "vigil-simulator", "gpu_model": "H100-SXM", "sm_count": 132},
         }
+
+    def _clock(self, node: str, t: float) -> float:
+        """How far the node's clock is off true time ``t``: the suite's random skew, a
+        fixed offset, and a drift that grows with time."""
+        c = self.cluster
+        return (self._skew.get(node, 0.0) + c.offsets.get(node, 0.0)
+                + c.drift.get(node, 0.0) * (t - self.start) / 3600.0)
+
+    def _cpu_util(self, node: str, faults: list[Fault]) -> float:
+        busy = _clip(self._rng.gauss(0.35, 0.03))
+        if any(f.kind == "slow_host" and f.node == node for f in faults):
+            return _clip(0.97 + 0.02 * self._physics.random())
+        return busy
 
     def _apply_gpu_fault(self, f: Fault, reading: dict[str, float], t: float,
                          key: tuple[str, str]) -> None:
@@ -319,7 +400,7 @@ class Simulator:
             "dram_active": noisy(dram),
             "gpu_util": noisy(util, 0.003),
             "power": max(60.0, rng.gauss(120 + 520 * busy + 80 * comm, 8.0)),
-            "temperature": rng.gauss(90.0 if st.hot else 55 + 22 * busy, 0.8),
+            "temperature": rng.gauss(90.0 if st.hot else 55 + 22 * busy + 30 * st.heat, 0.8),
             "sm_clock": round(clock + rng.gauss(0, 5)),
             "mem_clock": 2619.0,
             "mem_used": 71.5 * GIB,

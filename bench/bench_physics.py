@@ -1,0 +1,87 @@
+"""Detection on held-out job physics (issue #14): per class, on the tuning seeds and on
+the held-out seeds apart, Vigil beside the static rules.
+
+    .venv/bin/python bench/bench_physics.py [--sizes 4,16] [--jobs 2]
+
+Classes and seeds: ``vigil/evaluation/physics.py``. Per class: faults found (on the
+right GPU or node), detection delay p50 / p90 from onset, and false alarms (any
+firing detection no fault explains; on a healthy class every one is false).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from contracts.config import DetectConfig
+from vigil.evaluation.benchdetect import Tally, run_suite
+from vigil.evaluation.physics import CLASSES, HELD_OUT_SEEDS, TUNING_SEEDS, physics_suite
+from vigil.evaluation.scenarios import Scenario
+
+
+def _score(scenario: Scenario) -> tuple[str, int, dict[str, Any]]:
+    vigil, static, _ = run_suite([scenario], DetectConfig())
+    return scenario.name, scenario.seed, {"vigil": _summary(vigil), "static": _summary(static)}
+
+
+def _summary(t: Tally) -> dict[str, Any]:
+    delays = [d for v in t.delays.values() for d in v]
+    return {"labels": sum(t.labels.values()), "found": sum(t.found.values()),
+            "delays": delays, "false": len(t.false_alarms)}
+
+
+def _pct(values: list[float], q: float) -> str:
+    if not values:
+        return "–"
+    ordered = sorted(values)
+    return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.0f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="4,16")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    scenarios = physics_suite(TUNING_SEEDS + HELD_OUT_SEEDS, sizes)
+    with ProcessPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(_score, scenarios))
+    table: dict[tuple[str, str], dict[str, Any]] = defaultdict(
+        lambda: {"n": 0, "labels": 0, "found": 0, "delays": [], "false": 0, "s_found": 0,
+                 "s_delays": [], "s_false": 0})
+    for name, seed, r in results:
+        class_name = name.rsplit("-", 2)[0]
+        split = "tuning" if seed in TUNING_SEEDS else "held-out"
+        row = table[(class_name, split)]
+        row["n"] += 1
+        for key in ("labels", "found", "delays", "false"):
+            row[key] += r["vigil"][key]
+        row["s_found"] += r["static"]["found"]
+        row["s_delays"] += r["static"]["delays"]
+        row["s_false"] += r["static"]["false"]
+    print(f"{len(scenarios)} scenarios; sizes {sizes}; tuning seeds {TUNING_SEEDS}, "
+          f"held-out seeds {HELD_OUT_SEEDS}")
+    print("| class | effect | seeds | jobs | found | delay p50 / p90 s | false alarms | "
+          "static: found | static delay p50 | static false |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for cls in CLASSES:
+        for split in ("tuning", "held-out"):
+            row = table[(cls.name, split)]
+            found = f"{row['found']}/{row['labels']}" if row["labels"] else "(healthy)"
+            s_found = f"{row['s_found']}/{row['labels']}" if row["labels"] else "–"
+            print(f"| {cls.name} | {cls.effect or 'healthy'} | {split} | {row['n']} | {found} "
+                  f"| {_pct(row['delays'], 0.5)} / {_pct(row['delays'], 0.9)} | {row['false']} "
+                  f"| {s_found} | {_pct(row['s_delays'], 0.5)} | {row['s_false']} |")
+    held = [r for (c, s), r in table.items() if s == "held-out"]
+    labels = sum(r["labels"] for r in held)
+    print(f"\nheld-out: {sum(r['found'] for r in held)}/{labels} faults found, "
+          f"{sum(r['false'] for r in held)} false alarms; median delay "
+          f"{statistics.median([d for r in held for d in r['delays']] or [0]):.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

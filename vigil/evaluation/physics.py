@@ -1,0 +1,155 @@
+"""Held-out job physics: the classes the detectors were not designed around.
+
+Issue #14 asks for an honest evaluation *before* tuning: job physics the detectors
+never saw, and seeds split into a tuning set and a held-out set that nobody looks at
+while tuning. Each class is one job:
+
+Healthy look-alikes (nothing may fire):
+- ``moe_rotating`` / ``moe_rotating_net``: MoE expert load rotating smoothly between
+  GPUs (±20 %, one turn in 1–3 min, each GPU at its own phase), compute-bound and
+  network-bound;
+- ``moe_hot_dwell`` / ``moe_hot_dwell_net``: one hot expert (+20 %) that stays on a
+  GPU for 1–3 min, then moves to another;
+- ``heterogeneous``: static per-GPU compute spread (σ 3 %: silicon, cooling);
+- ``shrinking``: a quarter of the nodes leave the job and report under no job;
+- ``lossy_node``: one node loses 40 % of its messages for the whole run;
+- ``clock_offset``: one node's clock 30 s ahead, another drifting 60 s an hour.
+
+Faults (each must be found, on the right GPU or node):
+- ``quiet_12`` / ``quiet_25``: a GPU 12 % / 25 % slower with no clock or flag change;
+- ``slow_40``: a GPU 40 % slower (with the clock and power-cap flag of ``slow_gpu``);
+- ``slow_host``: a node whose host (CPU, data loader) slows all its GPUs by 25 %;
+- ``thermal_creep``: a GPU slowing to 30 % over 10 minutes;
+- ``quiet_5``: 5 % slower, no signature (the stretch goal: found within 15 min);
+- ``degraded_at_start``: a GPU already 30 % slow when Vigil first sees the job.
+
+``TUNING_SEEDS`` may be looked at while tuning; ``HELD_OUT_SEEDS`` may not.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from simulator.cluster import Cluster, Event, Fault, JobSpec
+from vigil.evaluation.scenarios import Scenario
+
+START = 1_820_000_000.0
+FAULT_AT = 180.0
+TUNING_SEEDS = (1, 2)
+HELD_OUT_SEEDS = (11, 12, 13)
+SIZES = (4, 16)
+
+
+@dataclass(frozen=True)
+class PhysicsClass:
+    """One class: how to build its job and fault, and how long to watch."""
+
+    name: str
+    build: Callable[[str, int, random.Random], tuple[JobSpec, list[Fault], dict[str, object]]]
+    duration: float = 480.0
+    effect: str = ""  # the effect-size band a fault belongs to (25 %+, 10–12 %, 5 %)
+
+
+def _events() -> list[Event]:
+    return [Event("warmup", START, START + 40), Event("checkpoint", START + 90, START + 105)]
+
+
+def _job(name: str, nodes: int, kind: str = "data_parallel", **kw: object) -> JobSpec:
+    return JobSpec(name, [f"node-{i:03d}" for i in range(nodes)], kind=kind,
+                   events=_events(), **kw)  # type: ignore[arg-type]
+
+
+def _gpu_fault(kind: str, severity: float, at: float = START + FAULT_AT
+               ) -> Callable[[str, int, random.Random], tuple[JobSpec, list[Fault],
+                                                                dict[str, object]]]:
+    def build(name: str, nodes: int, rng: random.Random
+              ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
+        job = _job(name, nodes)
+        node, gpu = rng.choice(job.nodes), str(rng.randrange(job.gpus_per_node))
+        if kind == "slow_host":
+            return job, [Fault(kind, name, node, None, at, severity=severity)], {}
+        return job, [Fault(kind, name, node, gpu, at, severity=severity)], {}
+    return build
+
+
+def _moe(network: bool, dwell: bool = False
+         ) -> Callable[[str, int, random.Random],
+                       tuple[JobSpec, list[Fault], dict[str, object]]]:
+    def build(name: str, nodes: int, rng: random.Random
+              ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
+        period = rng.uniform(60, 180)
+        timing = {"moe_dwell_seconds": period} if dwell else {"moe_rotation_seconds": period}
+        return _job(name, nodes, "moe", comm_seconds=0.8 if network else 0.2,
+                    **timing), [], {}
+    return build
+
+
+def _heterogeneous(name: str, nodes: int, rng: random.Random
+                   ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
+    return _job(name, nodes, heterogeneity=0.03), [], {}
+
+
+def _shrinking(name: str, nodes: int, rng: random.Random
+               ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
+    job = _job(name, nodes)
+    job.leaves = {n: START + FAULT_AT for n in job.nodes[-max(1, nodes // 4):]}
+    return job, [], {}
+
+
+def _lossy(name: str, nodes: int, rng: random.Random
+           ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
+    job = _job(name, nodes)
+    return job, [], {"node_loss": {rng.choice(job.nodes): 0.4}}
+
+
+def _clocks(name: str, nodes: int, rng: random.Random
+            ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
+    job = _job(name, nodes)
+    ahead, drifting = rng.sample(job.nodes, 2)
+    return job, [], {"offsets": {ahead: 30.0}, "drift": {drifting: 60.0}}
+
+
+def _degraded_at_start(name: str, nodes: int, rng: random.Random
+                       ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
+    job = _job(name, nodes)
+    node, gpu = rng.choice(job.nodes), str(rng.randrange(job.gpus_per_node))
+    return job, [Fault("slow_gpu_quiet", name, node, gpu, START, severity=1.3)], {}
+
+
+CLASSES = (
+    PhysicsClass("moe_rotating", _moe(network=False)),
+    PhysicsClass("moe_rotating_net", _moe(network=True)),
+    PhysicsClass("moe_hot_dwell", _moe(network=False, dwell=True)),
+    PhysicsClass("moe_hot_dwell_net", _moe(network=True, dwell=True)),
+    PhysicsClass("heterogeneous", _heterogeneous),
+    PhysicsClass("shrinking", _shrinking),
+    PhysicsClass("lossy_node", _lossy),
+    PhysicsClass("clock_offset", _clocks),
+    PhysicsClass("quiet_12", _gpu_fault("slow_gpu_quiet", 1.12), effect="10–12 %"),
+    PhysicsClass("quiet_25", _gpu_fault("slow_gpu_quiet", 1.25), effect="25 %+"),
+    PhysicsClass("slow_40", _gpu_fault("slow_gpu", 1.4), effect="25 %+"),
+    PhysicsClass("slow_host", _gpu_fault("slow_host", 1.25), effect="25 %+"),
+    PhysicsClass("thermal_creep", _gpu_fault("thermal_creep", 1.3), duration=1080.0,
+                 effect="creep to 30 %"),
+    PhysicsClass("quiet_5", _gpu_fault("slow_gpu_quiet", 1.05), duration=1200.0,
+                 effect="5 %"),
+    PhysicsClass("degraded_at_start", _degraded_at_start, effect="25 %+"),
+)
+
+
+def physics_suite(seeds: tuple[int, ...], sizes: tuple[int, ...] = SIZES,
+                  classes: tuple[PhysicsClass, ...] = CLASSES) -> list[Scenario]:
+    """Every class at every size and seed, with the suite's usual impairments (±3 s
+    skew, 1 % loss, 2 s reordering)."""
+    out = []
+    for seed in seeds:
+        for cls in classes:
+            for nodes in sizes:
+                name = f"{cls.name}-{nodes}n-s{seed}"
+                job, faults, extra = cls.build(name, nodes, random.Random(name))
+                cluster = Cluster([job], faults, skew_seconds=3.0, loss=0.01,
+                                  reorder_seconds=2.0, **extra)  # type: ignore[arg-type]
+                out.append(Scenario(name, cluster, seed, duration=cls.duration, start=START))
+    return out
