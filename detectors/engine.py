@@ -43,7 +43,7 @@ class JobEngine:
         self.job = job
         self.cfg = cfg
         self.window = JobWindow(cfg.bin_seconds, state.get("window"), WINDOW_GPU, WINDOW_NIC)
-        self.held = HeldReadings(cfg.held_seconds, WINDOW_GPU, WINDOW_NIC, state.get("held"))
+        self.held = HeldReadings(cfg.held_seconds, state.get("held"))
         self.tracker = IncidentTracker(job, cfg.fire_after, cfg.resolve_after,
                                        state.get("incidents"))
         self.health = HealthMonitor(HealthParams(cfg.throttle_seconds, cfg.missing_gpu_seconds,
@@ -80,7 +80,7 @@ class JobEngine:
         elif b < self.next_bin:
             self.late += 1
             return []
-        self.window.add(self.held.fill(sample))
+        self.window.add(sample, self.held)
         self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts, sample["ts"])
         immediate = self.health.ingest(sample)
         if not immediate:

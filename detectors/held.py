@@ -15,8 +15,6 @@ monitor exactly as sent, so one XID is never repeated.
 
 from __future__ import annotations
 
-from contracts.messages import Sample
-
 # node → section ("g" GPUs, "n" NICs) → device → metric → [value, event time]
 HeldState = dict[str, dict[str, dict[str, dict[str, list[float]]]]]
 
@@ -24,39 +22,21 @@ HeldState = dict[str, dict[str, dict[str, dict[str, list[float]]]]]
 class HeldReadings:
     """Last published window metrics per node and device; JSON-able for the table."""
 
-    def __init__(self, hold_seconds: float, gpu_metrics: tuple[str, ...],
-                 nic_metrics: tuple[str, ...], state: HeldState | None = None) -> None:
+    def __init__(self, hold_seconds: float, state: HeldState | None = None) -> None:
         self.hold_seconds = hold_seconds
-        self._wanted = {"g": frozenset(gpu_metrics), "n": frozenset(nic_metrics)}
         self.state: HeldState = state if state is not None else {}
 
     def to_state(self) -> HeldState:
         """The held values, for a checkpoint."""
         return self.state
 
-    def fill(self, sample: Sample) -> Sample:
-        """``sample`` with the held values of the window metrics it lacks (a new dict;
-        the input is not changed). Newer readings replace held ones."""
-        ts = sample["ts"]
-        mine = self.state.setdefault(sample["node"], {"g": {}, "n": {}})
-        filled = {}
-        for section, devices_in in (("g", sample["gpus"]), ("n", sample["nics"])):
-            wanted = self._wanted[section]
-            devices = {}
-            for dev, readings in devices_in.items():
-                held = mine[section].setdefault(dev, {})
-                for name, value in readings.items():
-                    if name in wanted and (name not in held or ts >= held[name][1]):
-                        held[name] = [value, ts]
-                merged = readings
-                for name, (value, at) in held.items():
-                    if name not in readings and 0.0 <= ts - at <= self.hold_seconds:
-                        if merged is readings:
-                            merged = dict(readings)
-                        merged[name] = value
-                devices[dev] = merged
-            filled[section] = devices
-        return {**sample, "gpus": filled["g"], "nics": filled["n"]}
+    def node(self, node: str) -> dict[str, dict[str, dict[str, list[float]]]]:
+        """The held values of one node (created empty): ``JobWindow.add`` reads and
+        updates them while it folds the node's sample in."""
+        mine = self.state.get(node)
+        if mine is None:
+            mine = self.state[node] = {"g": {}, "n": {}}
+        return mine
 
     def forget_before(self, ts: float) -> None:
         """Drop values published before ``ts`` (they can no longer be held), and the

@@ -14,6 +14,7 @@ import numpy as np
 
 from contracts.catalog import GPU_METRICS, NIC_METRICS
 from contracts.messages import Sample
+from detectors.held import HeldReadings
 from detectors.robust import Array
 
 # Codes and bitmasks have no meaningful mean: the health detector reads them per sample.
@@ -52,26 +53,45 @@ class JobWindow:
         """The bin a timestamp falls in."""
         return math.floor(ts / self.bin_seconds)
 
-    def add(self, sample: Sample) -> None:
-        """Fold one validated sample into its bin."""
-        node_bin = self.bins.setdefault(str(self.bin_of(sample["ts"])), {}).setdefault(
-            sample["node"], {"g": {}, "n": {}})
-        for section, source, wanted in (("g", sample["gpus"], self._gpu_wanted),
-                                        ("n", sample["nics"], self._nic_wanted)):
+    def add(self, sample: Sample, held: HeldReadings | None = None) -> None:
+        """Fold one validated sample into its bin; with ``held``, the window metrics the
+        sample lacks for a device it reports take their held values first (and the
+        ones it has are remembered): one pass over the wanted metrics, no copy of the
+        sample (``detectors/held.py`` says what is held and for how long)."""
+        ts = sample["ts"]
+        node = sample["node"]
+        node_bin = self.bins.setdefault(str(self.bin_of(ts)), {}).setdefault(
+            node, {"g": {}, "n": {}})
+        mine = held.node(node) if held is not None else None
+        hold = held.hold_seconds if held is not None else 0.0
+        for section, source, metrics in (("g", sample["gpus"], self.gpu_metrics),
+                                         ("n", sample["nics"], self.nic_metrics)):
             target = node_bin[section]
+            kept = mine[section] if mine is not None else None
             for dev, readings in source.items():
-                acc = target.setdefault(dev, {})
-                for name, value in readings.items():
-                    if name not in wanted:
-                        continue
-                    pair = acc.get(name)
-                    if pair is None:
+                acc = target.get(dev)
+                if acc is None:
+                    acc = target[dev] = {}
+                last = kept.setdefault(dev, {}) if kept is not None else None
+                get = readings.get
+                for name in metrics:
+                    value = get(name)
+                    if value is None:
+                        if last is None or (pair := last.get(name)) is None \
+                                or not 0.0 <= ts - pair[1] <= hold:
+                            continue
+                        value = pair[0]
+                    elif last is not None and ((pair := last.get(name)) is None
+                                               or ts >= pair[1]):
+                        last[name] = [value, ts]
+                    total = acc.get(name)
+                    if total is None:
                         acc[name] = [float(value), 1]
                     elif name in BIN_MAX_METRICS:
-                        pair[0] = max(pair[0], value)
+                        total[0] = max(total[0], value)
                     else:
-                        pair[0] += value
-                        pair[1] += 1
+                        total[0] += value
+                        total[1] += 1
 
     def drop_before(self, first_bin: int) -> None:
         """Forget bins older than ``first_bin`` (bounded memory)."""

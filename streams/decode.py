@@ -14,8 +14,9 @@ from contracts.codec import MAX_MESSAGE_BYTES, decode_sample, validate_sample
 from contracts.messages import Sample
 
 
-def decode_sample_fast(raw: bytes) -> Sample:
-    """Bytes from Kafka → a validated sample dict, or ``ContractError`` with its reason."""
+def decode_sample_fast(raw: bytes | str) -> Sample:
+    """Bytes from Kafka (or a trace line) → a validated sample dict, or
+    ``ContractError`` with its reason."""
     if raw is None or len(raw) > MAX_MESSAGE_BYTES:
         return decode_sample(raw or b"")
     try:

@@ -78,8 +78,10 @@ def trace_samples(path: str, progress: Progress | None = None) -> Iterator[Sampl
         bad.append(lineno)
         log.warning("line %d skipped: %s", lineno, exc)
 
+    from streams.decode import decode_sample_fast  # orjson: ~5x the stdlib parser
+
     with _open(path, "rb") as trace:
-        for count, sample in enumerate(decode_trace(trace, invalid), 1):
+        for count, sample in enumerate(decode_trace(trace, invalid, decode_sample_fast), 1):
             if progress is not None:
                 progress.update(f"{count + len(bad):,} lines, {len(bad)} invalid")
             yield sample

@@ -9,6 +9,7 @@ from typing import Any
 from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
 from detectors.held import HeldReadings
+from detectors.window import JobWindow
 from producers.sampler import AdaptiveSampler, SamplingConfig
 from simulator.cluster import Simulator
 from vigil.evaluation.scenarios import suite
@@ -19,8 +20,30 @@ def _sample(ts: float, gpus: dict[str, dict[str, float]], node: str = "n1") -> d
             "host": {}, "nics": {}}
 
 
-def _held() -> HeldReadings:
-    return HeldReadings(20.0, ("sm_active", "power"), ("ib_tx",))
+class _Held:
+    """Held readings as the engine uses them: each sample folded into a window."""
+
+    def __init__(self) -> None:
+        self.held = HeldReadings(20.0)
+        self.state = self.held.state
+
+    def fill(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """What the window binned of this one sample: device → metric → value."""
+        window = JobWindow(5.0, gpu_metrics=("sm_active", "power"), nic_metrics=("ib_tx",))
+        window.add(sample, self.held)  # type: ignore[arg-type]
+        [node] = window.bins[str(window.bin_of(sample["ts"]))].values()
+        return {"gpus": {dev: {m: total for m, (total, _) in readings.items()}
+                         for dev, readings in node["g"].items()}}
+
+    def forget_before(self, ts: float) -> None:
+        self.held.forget_before(ts)
+
+    def to_state(self) -> Any:
+        return self.held.to_state()
+
+
+def _held() -> _Held:
+    return _Held()
 
 
 def test_a_skipped_metric_takes_its_last_value_until_the_hold_ends() -> None:
