@@ -18,6 +18,7 @@ from contracts.codec import DETECTION_KINDS
 from contracts.config import DetectConfig
 from contracts.messages import Detection, Sample
 from detectors import cost, hang, links, network, straggler
+from detectors.clocks import ClockOffsets
 from detectors.findings import Finding
 from detectors.hang import HangParams, find_hang
 from detectors.health import HealthMonitor, HealthParams
@@ -51,6 +52,7 @@ class JobEngine:
                                     state.get("health"))
         self.peer_memory: dict[str, Any] = state.get("peer_memory", {})
         self.cost_memory: dict[str, Any] = state.get("cost", {})
+        self.clocks = ClockOffsets(state.get("clocks"))
         self.max_ts: float | None = state.get("max_ts")
         self.next_bin: int | None = state.get("next_bin")
         self.late: int = state.get("late", 0)
@@ -66,22 +68,28 @@ class JobEngine:
         return {"window": self.window.to_state(), "held": self.held.to_state(),
                 "incidents": self.tracker.to_state(),
                 "health": self.health.to_state(), "peer_memory": self.peer_memory,
-                "cost": self.cost_memory,
+                "cost": self.cost_memory, "clocks": self.clocks.to_state(),
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 
     def ingest(self, sample: Sample) -> list[Detection]:
         """Fold a validated sample in; returns detections firing on this sample.
 
-        A sample for a bin already evaluated is counted in ``late`` and ignored.
+        A sample for a bin already evaluated is counted in ``late`` and only tells
+        that its node is alive. Its
+        time is first put on the job's clock (``detectors/clocks.py``).
         """
+        sample, established = self.clocks.place(sample)
         b = self.window.bin_of(sample["ts"])
-        if self.next_bin is None:
-            self.next_bin = b
+        if self.next_bin is None or (self.max_ts is None and b < self.next_bin):
+            self.next_bin = b  # until a node is established, nothing is late yet
         elif b < self.next_bin:
             self.late += 1
+            self.health.heard(sample)
             return []
         self.window.add(sample, self.held)
-        self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts, sample["ts"])
+        if established:
+            self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts,
+                                                                       sample["ts"])
         immediate = self.health.ingest(sample)
         if not immediate:
             return []

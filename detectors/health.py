@@ -78,6 +78,17 @@ class HealthMonitor:
         """JSON-able state for a table or a checkpoint."""
         return {"gpus": self.gpus, "nodes": self.nodes}
 
+    def heard(self, sample: Sample) -> None:
+        """A sample too late for the window still says its node and GPUs are alive
+        (a node whose clock just jumped back is not silent); nothing else of it is
+        used."""
+        ts, node = sample["ts"], sample["node"]
+        self.nodes[node] = max(ts, self.nodes.get(node, ts))
+        for gpu in sample["gpus"]:
+            g = self.gpus.get(f"{node}/{gpu}")
+            if g is not None:
+                g["last"] = max(ts, g["last"])
+
     def ingest(self, sample: Sample) -> list[Finding]:
         """Fold one sample in; return findings that must fire on this very sample."""
         ts, node = sample["ts"], sample["node"]

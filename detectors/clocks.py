@@ -1,0 +1,87 @@
+"""Node clocks that are off: estimate each node's offset from the job's clock and
+put its samples back on the job's time.
+
+A node whose clock runs 30 s ahead would carry the job's watermark 30 s forward,
+so every other node's samples would arrive "late", be dropped, and those nodes
+would look silent; a node 30 s behind would have all its own samples dropped. So
+each sample is compared with the *job's clock*: the median of the latest
+timestamps of the job's nodes (a majority of sane clocks outvotes a few bad ones).
+A node's offset is the running mean of how far its samples sit from that clock
+(exponentially weighted, so a drifting clock is followed); once it is
+``MIN_CORRECTION`` or more, the node's samples are shifted by it, and every time a
+detection carries is then on the job's clock.
+
+Offsets under ``MIN_CORRECTION`` are left alone: the window's grace period and
+5 s bins already absorb a few seconds of skew, and an estimate is only good to
+about the samples' arrival jitter. A node moves the job's watermark only once
+``ESTABLISHED_SAMPLES`` of its samples have been placed and its offset is known
+(a new node's first sample cannot drag the job's time). Limits: a job of one or
+two nodes has no majority and is not corrected (the worker's receive time or the
+Kafka append time would be the reference there; not used yet); a job where most
+clocks are off follows the majority.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from contracts.messages import Sample
+
+MIN_CORRECTION = 8.0  # seconds: smaller offsets are not corrected
+ESTABLISHED_SAMPLES = 3
+MIN_VOTERS = 3  # nodes needed for a majority; fewer: nodes are not corrected
+SMOOTHING = 0.1  # weight of the newest difference once a node is established
+FORGET_SECONDS = 600.0  # a node unheard this long no longer votes on the job's clock
+
+
+class ClockOffsets:
+    """Per-node clock offsets of one job; JSON-able state for the table."""
+
+    def __init__(self, state: dict[str, Any] | None = None) -> None:
+        state = state or {}
+        self.latest: dict[str, float] = state.get("latest", {})  # node → latest raw ts
+        self.offset: dict[str, float] = state.get("offset", {})
+        self.seen: dict[str, int] = state.get("seen", {})  # samples placed per node
+        self.estimates: dict[str, int] = state.get("estimates", {})
+        self.clock: float | None = state.get("clock")  # median of the latest raw ts
+        self._since_vote = 0
+
+    def to_state(self) -> dict[str, Any]:
+        """The offsets and what they rest on, for a checkpoint."""
+        return {"latest": self.latest, "offset": self.offset, "seen": self.seen,
+                "estimates": self.estimates, "clock": self.clock}
+
+    def place(self, sample: Sample) -> tuple[Sample, bool]:
+        """The sample on the job's clock (the same dict when no correction applies),
+        and whether its node is established enough to move the job's watermark."""
+        node, ts = sample["node"], sample["ts"]
+        newest = ts >= self.latest.get(node, ts)
+        if newest:
+            self.latest[node] = ts
+        self._since_vote += 1
+        if node not in self.seen or self.clock is None \
+                or self._since_vote >= len(self.latest):
+            self._vote()
+        count = self.seen[node] = self.seen.get(node, 0) + 1
+        voters = len(self.latest)
+        if voters >= MIN_VOTERS and newest and self.clock is not None:
+            gap = ts - self.clock
+            k = self.estimates[node] = self.estimates.get(node, 0) + 1
+            known = self.offset.get(node, gap)
+            self.offset[node] = known + max(SMOOTHING, 1.0 / k) * (gap - known)
+        shift = self.offset.get(node, 0.0)
+        placed = sample if abs(shift) < MIN_CORRECTION else {**sample, "ts": ts - shift}
+        established = count >= ESTABLISHED_SAMPLES and (node in self.offset
+                                                        or voters < MIN_VOTERS)
+        return placed, established
+
+    def _vote(self) -> None:
+        """The job's clock: the median of its nodes' latest raw timestamps (a majority
+        of sane clocks outvotes the others); nodes unheard for long stop voting."""
+        self._since_vote = 0
+        newest = max(self.latest.values())
+        for node in [n for n, ts in self.latest.items() if ts < newest - FORGET_SECONDS]:
+            for table in (self.latest, self.offset, self.seen, self.estimates):
+                table.pop(node, None)
+        self.clock = statistics.median(self.latest.values())

@@ -1,0 +1,66 @@
+"""Node clocks that are off are put back on the job's clock: no node looks silent or
+slow for it, and detections carry the job's time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from contracts.config import DetectConfig
+from detectors.clocks import MIN_CORRECTION, ClockOffsets
+from detectors.engine import ReplayRunner
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+
+T0 = 1_840_000_000.0
+
+
+def _replay(cluster: Cluster, seconds: float, seed: int = 4
+            ) -> tuple[list[dict[str, Any]], ReplayRunner]:
+    runner = ReplayRunner(DetectConfig())
+    dets = [d for s in Simulator(cluster, T0, seed=seed).samples(seconds)
+            for d in runner.feed(s)]
+    return dets, runner
+
+
+@pytest.mark.parametrize("offset", [30.0, -30.0])
+def test_a_node_off_by_30s_is_neither_silent_nor_hides_a_straggler(offset: float) -> None:
+    job = JobSpec("j", [f"n{i}" for i in range(6)])
+    # the node that is off reports first: it must not drag the job's time along
+    fault = Fault("slow_gpu", "j", "n3", "5", T0 + 90, severity=1.3)
+    cluster = Cluster([job], [fault], offsets={"n0": offset})
+    dets, runner = _replay(cluster, 240)
+    firing = [(d["kind"], d["node"], d["gpu"]) for d in dets if d["state"] == "firing"]
+    assert firing == [("straggler", "n3", "5")], dets
+    [det] = [d for d in dets if d["state"] == "firing"]
+    assert abs(det["started_at"] - fault.start) <= 5  # on the job's clock
+    engine = runner.engines["j"]
+    assert engine.clocks.offset["n0"] == pytest.approx(offset, abs=1.5)
+    assert engine.late <= 12  # at most the first seconds of the node that is off
+
+
+def test_a_drifting_clock_is_followed_without_alarms() -> None:
+    job = JobSpec("j", [f"n{i}" for i in range(5)])
+    dets, runner = _replay(Cluster([job], drift={"n2": 360.0}), 300)  # 30 s after 5 min
+    assert [d for d in dets if d["state"] == "firing"] == []
+    assert runner.engines["j"].clocks.offset["n2"] == pytest.approx(30.0, abs=3.0)
+
+
+def test_small_offsets_are_left_alone() -> None:
+    clocks = ClockOffsets()
+    samples = [{"node": f"n{i}", "ts": T0 + t + (i - 1) * 2.0, "job": "j", "gpus": {},
+                "nics": {}, "host": {}, "schema": "vigil.sample/1"}
+               for t in range(10) for i in range(3)]
+    placed = [clocks.place(s)[0] for s in samples]  # type: ignore[arg-type]
+    assert all(p is s for p, s in zip(placed, samples, strict=True))
+    assert max(abs(o) for o in clocks.offset.values()) < MIN_CORRECTION
+
+
+def test_the_state_survives_a_checkpoint() -> None:
+    clocks = ClockOffsets()
+    for t in range(5):
+        for i in range(4):
+            clocks.place({"node": f"n{i}", "ts": T0 + t + (40.0 if i == 0 else 0.0)})  # type: ignore[typeddict-item]
+    restored = ClockOffsets(clocks.to_state())
+    sample = {"node": "n0", "ts": T0 + 45.0}
+    assert restored.place(sample)[0]["ts"] == pytest.approx(T0 + 5.0, abs=1.5)  # type: ignore[arg-type]
