@@ -95,6 +95,12 @@ class JobEngine:
             return []
         return self._with_job_size(self.tracker.update(sample["ts"], immediate, set()))
 
+    def node_left(self, node: str) -> None:
+        """The node now reports under another job (or none): forget it here, so it is
+        never taken for a silent node of this job."""
+        self.health.forget_node(node)
+        self.held.state.pop(node, None)
+
     def advance(self) -> list[Detection]:
         """Evaluate every bin closed by the watermark; return detections to publish."""
         if self.max_ts is None or self.next_bin is None:
@@ -155,15 +161,38 @@ class JobEngine:
         return detections
 
 
+class NodeMoves:
+    """Which job each node last reported under. A node whose samples now come under
+    another job, or under none, has left its old job: it is not that job's silent
+    node. (The worker sees only its partitions' samples: a node that moves to a job
+    another worker holds is seen leaving only when the two jobs share a worker.)"""
+
+    def __init__(self) -> None:
+        self.job_of: dict[str, str] = {}
+
+    def left(self, sample: Sample) -> str | None:
+        """The job this sample's node just left, if it changed jobs."""
+        node, job = sample["node"], sample["job"]
+        before = self.job_of.get(node)
+        if before == job:
+            return None
+        self.job_of[node] = job
+        return before or None
+
+
 class ReplayRunner:
     """Drives one engine per job over samples in arrival order (as the worker does)."""
 
     def __init__(self, cfg: DetectConfig) -> None:
         self.cfg = cfg
         self.engines: dict[str, JobEngine] = {}
+        self.moves = NodeMoves()
 
     def feed(self, sample: Sample) -> list[Detection]:
         """Ingest one validated sample and return any detections it triggers."""
+        left = self.moves.left(sample)
+        if left is not None and left in self.engines:
+            self.engines[left].node_left(sample["node"])
         if not sample["job"]:
             return []
         engine = self.engines.get(sample["job"])

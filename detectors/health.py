@@ -78,6 +78,12 @@ class HealthMonitor:
         """JSON-able state for a table or a checkpoint."""
         return {"gpus": self.gpus, "nodes": self.nodes}
 
+    def forget_node(self, node: str) -> None:
+        """The node left the job: no silence or missing GPU is judged for it."""
+        self.nodes.pop(node, None)
+        for key in [k for k in self.gpus if k.rsplit("/", 1)[0] == node]:
+            del self.gpus[key]
+
     def heard(self, sample: Sample) -> None:
         """A sample too late for the window still says its node and GPUs are alive
         (a node whose clock just jumped back is not silent); nothing else of it is

@@ -25,7 +25,7 @@ from contracts.config import Config
 from contracts.errors import ContractError
 from contracts.messages import Detection, JobStatus, Sample, WorkerStatus
 from contracts.status import HEAT_METRICS, job_status, worker_status
-from detectors.engine import JobEngine
+from detectors.engine import JobEngine, NodeMoves
 from streams.deadletter import deadletter_record
 from streams.decode import decode_sample_fast
 from streams.metrics import WorkerMetrics
@@ -75,6 +75,7 @@ class BatchProcessor:
         self.heat_due: set[str] = set()  # jobs evaluated since the last status message
         self.samples = 0
         self.deadletters = 0
+        self.moves = NodeMoves()  # a node reporting under another job left its old one
 
     def engine_for(self, job: str) -> JobEngine:
         """The job's live engine, recovered from its last checkpoint when not live."""
@@ -94,6 +95,7 @@ class BatchProcessor:
     async def handle(self, admitted: list[Delivered]) -> None:
         """One batch of samples the offset guard admitted, in partition order."""
         by_job: dict[str, list[Sample]] = defaultdict(list)
+        moved: list[tuple[str, str]] = []  # (old job, node) of nodes that changed jobs
         newest_append = 0.0
         for event in admitted:
             msg = event.message
@@ -108,10 +110,16 @@ class BatchProcessor:
                 continue
             self.metrics.samples.inc()
             self.samples += 1
+            left = self.moves.left(sample)
+            if left is not None:
+                moved.append((left, sample["node"]))
             if sample["job"]:
                 by_job[sample["job"]].append(sample)
         for job, job_samples in by_job.items():
             await self._job_batch(job, job_samples, newest_append)
+        for job, node in moved:  # after the old job's samples of this batch
+            if job in self.live:
+                self.live[job].node_left(node)
 
     async def _job_batch(self, job: str, samples: list[Sample],
                          newest_append: float) -> None:

@@ -1,5 +1,6 @@
-"""Node clocks that are off are put back on the job's clock: no node looks silent or
-slow for it, and detections carry the job's time."""
+"""Node clocks that are off are put back on the job's clock, and nodes that leave a job
+are forgotten by it: no node looks silent or slow for either, and detections carry
+the job's time."""
 
 from __future__ import annotations
 
@@ -64,3 +65,16 @@ def test_the_state_survives_a_checkpoint() -> None:
     restored = ClockOffsets(clocks.to_state())
     sample = {"node": "n0", "ts": T0 + 45.0}
     assert restored.place(sample)[0]["ts"] == pytest.approx(T0 + 5.0, abs=1.5)  # type: ignore[arg-type]
+
+
+def test_a_node_that_leaves_the_job_is_not_its_silent_node() -> None:
+    job = JobSpec("j", [f"n{i}" for i in range(6)], leaves={"n4": T0 + 60, "n5": T0 + 60})
+    dets, runner = _replay(Cluster([job]), 180)
+    assert [d for d in dets if d["state"] == "firing"] == []
+    assert set(runner.engines["j"].health.nodes) == {f"n{i}" for i in range(4)}
+    # while a node that stops sending altogether still is
+    silent = Cluster([JobSpec("k", [f"n{i}" for i in range(6)])],
+                     [Fault("node_silent", "k", "n2", None, T0 + 60)])
+    dets, _ = _replay(silent, 120)
+    assert [(d["kind"], d["node"]) for d in dets if d["state"] == "firing"] == [
+        ("node_silent", "n2")]
