@@ -7,8 +7,20 @@ activity, power and clock depart from theirs in a consistent direction.
   one tensor-parallel group (or data-parallel replicas), so they do the same work
   whatever the pipeline stage of the node; a GPU that sits beyond the robust
   z-threshold in the same direction in most recent bins, on at least two metrics,
-  is a straggler. MoE expert imbalance moves from GPU to GPU and fails the
-  persistence test.
+  is a straggler.
+- **Workload or hardware.** A GPU that carries more of the work for a while (MoE
+  experts that are hot now) departs from its node's others just as a slow GPU
+  does, and neither need change its clock. What differs is time: hardware departs
+  and stays departed; moving load departs and comes back, one GPU after another,
+  and often several GPUs of one node swing together. A departure with a lower
+  clock is hardware at once. One without is remembered as a run of bins per GPU;
+  once another GPU's run has ended within 10 minutes the job's load is known to
+  move, and a signature-less departure must then outlast ``LONG_RUN_BINS`` (4 min,
+  longer than load stays on one GPU) to count; two or more GPUs of one node
+  departing together without a lower clock never count at GPU level. The cost: in
+  such a job a slow GPU that keeps its clock is found after 4 minutes, not 30 s;
+  and the first hot GPUs of a job may still fire before its load has been seen
+  to move.
 - **Node level**: each node's median GPU is compared with the other nodes. Nodes of
   different pipeline stages legitimately differ, so every node has a learned
   *offset* from the job median (slow moving average, frozen while the node is
@@ -52,6 +64,9 @@ OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a node's normal offset adapt
 OFFSET_WARMUP_UPDATES = 24  # plain running mean until a node has this many updates
 LEVEL_TIME_CONSTANT = 60.0  # seconds: the job's recent level of each metric
 STEADY_TOLERANCE = 0.15  # job median within this share of its recent level = steady
+ROTATION_GPUS = 1  # another GPU whose departure ended: the job's load moves around
+ROTATION_BINS = 120  # how long (bins: 10 min) such an ended departure is remembered
+LONG_RUN_BINS = 48  # a departure outlasting this (4 min) is not moving load
 
 
 @dataclass(frozen=True)
@@ -98,8 +113,11 @@ def find_stragglers(view: WindowView, p: StragglerParams,
         if len({d.metric for d in devs}) >= MIN_METRICS:
             flagged_nodes.add(node)
             findings.append(_finding(view, p, node, None, devs))
-    for (node, gpu), devs in sorted(gpu_devs.items()):
-        if node not in flagged_nodes and len({d.metric for d in devs}) >= MIN_METRICS:
+    candidates = {key: devs for key, devs in gpu_devs.items()
+                  if key[0] not in flagged_nodes and len({d.metric for d in devs}) >= MIN_METRICS}
+    explained = _workload_made(candidates, view.bins[-1], memory)
+    for (node, gpu), devs in sorted(candidates.items()):
+        if (node, gpu) not in explained:
             findings.append(_finding(view, p, node, gpu, devs))
     _learn(view, memory, flagged_nodes, residuals)
     return findings
@@ -119,6 +137,48 @@ def _gpu_level(view: WindowView, stack: Array, p: StragglerParams,
         out.setdefault((node, gpu), []).append(_Deviation(
             _NAMES[m], float(test.score[m, n, slot]), float(np.nanmedian(recent[slot])),
             float(np.nanmedian(nanmedian(recent, axis=0))), int(test.first[m, n, slot])))
+
+
+def _signature_less(devs: list[_Deviation]) -> bool:
+    """Busier than its peers, and no lower clock: what a GPU carrying more of the
+    work looks like, and also a slow GPU that keeps its clock (the hard case)."""
+    return not any(d.metric == "sm_clock" and d.z < 0 for d in devs)
+
+
+def _workload_made(candidates: dict[tuple[str, str], list[_Deviation]], last_bin: int,
+                   memory: dict[str, Any]) -> set[tuple[str, str]]:
+    """The GPU-level deviations that the job's own workload explains.
+
+    A slow GPU departs from its node's others and *stays* departed; load that moves
+    between GPUs (MoE experts that are hot for a while) makes GPUs depart and come
+    back, one after another. So every signature-less deviation is remembered as a
+    run of bins per GPU. Once the job has shown ``ROTATION_GPUS`` other GPUs whose
+    runs ended within ``ROTATION_BINS``, a signature-less deviation must outlast
+    ``LONG_RUN_BINS`` (longer than such load stays on one GPU) before it counts.
+    And two or more GPUs of one node departing together without a lower clock is
+    the node's load shifting, not two slow GPUs.
+    """
+    runs: dict[str, list[int]] = memory.setdefault("runs", {})
+    quiet = {key for key, devs in candidates.items() if _signature_less(devs)}
+    for node, gpu in quiet:
+        run = runs.get(f"{node}/{gpu}")
+        if run is not None and run[1] >= last_bin - 1:
+            run[1] = last_bin
+        else:
+            runs[f"{node}/{gpu}"] = [last_bin, last_bin]
+    for key in [k for k, (_, end) in runs.items() if end < last_bin - ROTATION_BINS]:
+        del runs[key]
+    ended = {k for k, (_, end) in runs.items() if end < last_bin}
+    per_node: dict[str, int] = {}
+    for node, _ in quiet:
+        per_node[node] = per_node.get(node, 0) + 1
+    explained = set()
+    for node, gpu in quiet:
+        start = runs[f"{node}/{gpu}"][0]
+        rotating = len(ended - {f"{node}/{gpu}"}) >= ROTATION_GPUS
+        if per_node[node] >= 2 or (rotating and last_bin - start < LONG_RUN_BINS):
+            explained.add((node, gpu))
+    return explained
 
 
 def _node_level(view: WindowView, residuals: tuple[Array, Array], metric: str, floor: float,
