@@ -57,11 +57,12 @@ def test_duplicates_neither_hide_nor_repeat_a_fault(kind: str) -> None:
     assert {d["id"] for d in once} == {d["id"] for d in twice}
 
 
-def test_default_grace_tolerates_ntp_grade_skew_but_not_30_seconds() -> None:
-    """What the default configuration does, stated: ±2 s is harmless; ±30 s makes
-    nodes that run behind look silent (their samples arrive behind the watermark)."""
+def test_default_config_tolerates_ntp_grade_skew_and_corrects_30_seconds() -> None:
+    """±2 s is absorbed by the grace period; clocks up to ±30 s off are put back on
+    the job's clock (detectors/clocks.py), so no node looks silent. (Before that
+    correction, the nodes running behind looked silent: their samples arrived behind
+    the watermark.)"""
     jobs = [JobSpec("dp", [f"n{i}" for i in range(8)])]
     assert _run(Cluster(jobs, [], skew_seconds=2.0, reorder_seconds=2.0), True,
                 DetectConfig()) == []
-    found = _run(Cluster(jobs, [], skew_seconds=SKEW), False, DetectConfig())
-    assert {d["kind"] for d in found} == {"node_silent"}
+    assert _run(Cluster(jobs, [], skew_seconds=SKEW), False, DetectConfig()) == []
