@@ -194,6 +194,26 @@ def test_cli_silence_ack_and_alerts(isolated_env: dict[str, str]) -> None:
     assert store.acked("straggler-xyz")
 
 
+def test_cli_alerts_lists_the_costliest_first(isolated_env: dict[str, str]) -> None:
+    import sys
+
+    from tests.alerting.test_cost import costly
+
+    cfg = load(env=isolated_env)
+    state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    now = time.time()
+    for ident, lost, age in (("cheap", 0.5, 10), ("dear", 12.0, 300), ("unknown", None, 5),
+                             ("middle", 3.0, 60)):
+        state.apply(dict(costly(ident, lost=lost), detected_at=now - age,
+                         summary=f"incident {ident}"))
+    out = subprocess.run([sys.executable, "-m", "vigil.cli", "alerts"], env=isolated_env,
+                         check=True, text=True, capture_output=True, timeout=60).stdout
+    rows = [line for line in out.splitlines() if "incident " in line]
+    assert [r.split("incident ")[1] for r in rows] == ["dear", "middle", "cheap", "unknown"]
+    assert rows[0].split("incident ")[0].split()[-1] == "12"  # GPU-hours per hour
+    assert rows[3].split("incident ")[0].split()[-1] == "–"  # no estimate
+
+
 def test_a_costly_incident_pages_and_its_cost_is_counted(
         isolated_env: dict[str, str], alertmanager: str) -> None:
     from tests.alerting.test_cost import costly
