@@ -8,12 +8,13 @@ falls by ``T0 / T``. So, from counters alone::
 
     job_slowdown = level_before / level_now - 1
 
-where ``level`` is the median duty cycle, bin by bin, of the job's GPUs that are
-*not* blamed (the blamed GPU, or the blamed node's GPUs, are left out of both), and
-``level_before`` is its median over the bins that ended before the fault began (the
-job's own healthy step shape, taken once when the condition first appears and kept
-for as long as it stays open). ``level_now`` is the median over the latest bins
-since the onset. The cost follows:
+where ``level`` is, bin by bin, the median over the job's nodes of each node's
+median duty cycle, leaving out a blamed node (one blamed GPU barely moves its
+node's median, so its node stays). ``level_before`` is the upper quartile of that
+level over the last ``HISTORY_BINS`` bins that ended before the fault began (the
+job's own healthy step shape: pauses and the fault itself read lower), taken once
+when the condition first appears and kept for as long as it stays open.
+``level_now`` is the median over the latest ``RECENT_BINS`` bins since the onset. The cost follows:
 ``gpu_hours_lost_per_hour = job_gpus × job_slowdown / (1 + job_slowdown)``: the
 share of the job's GPU time that goes to waiting for the fault. A hang costs the
 whole job (``gpu_hours_lost_per_hour = job_gpus``, ``job_slowdown`` null: its steps
@@ -43,6 +44,8 @@ which biases the estimate a little low when communication is a large share.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -69,17 +72,31 @@ def is_costed(f: Finding) -> bool:
     return f.kind in COSTED_KINDS or (f.kind == "gpu_health" and f.metrics == ("throttle",))
 
 
-def cost_fields(job_gpus: int, slowdown: float | None, basis: str,
-                hung: bool = False) -> dict[str, Any]:
-    """The evidence fields of one estimate (rounded for the wire)."""
-    if hung:
+def gpu_hours_lost(job_gpus: int, slowdown: float) -> float:
+    """GPU-hours per hour a job of ``job_gpus`` loses to a ``slowdown`` of its steps
+    (``math.inf``: a hang, the whole job)."""
+    return float(job_gpus) if math.isinf(slowdown) else job_gpus * slowdown / (1 + slowdown)
+
+
+def duty_metric(series: Callable[[str], Array]) -> str:
+    """The first duty-cycle counter (``GPU_READS``) read at a usable level;
+    ``series(metric)`` gives its readings (NaN: none)."""
+    for metric in GPU_READS:
+        values = series(metric)
+        if np.any(~np.isnan(values)) and float(np.nanmedian(values)) >= MIN_LEVEL:
+            return metric
+    return GPU_READS[-1]
+
+
+def cost_fields(job_gpus: int, slowdown: float | None, basis: str) -> dict[str, Any]:
+    """The evidence fields of one estimate (rounded for the wire); basis ``hang``
+    costs the whole job."""
+    if basis == "hang":
         lost: float | None = float(job_gpus)
-    elif slowdown is None:
-        lost = None
     else:
-        lost = job_gpus * slowdown / (1.0 + slowdown)
+        lost = None if slowdown is None else gpu_hours_lost(job_gpus, slowdown)
     return {"job_slowdown": None if slowdown is None else round(slowdown, 4),
-            "job_gpus": job_gpus, "cost_basis": "hang" if hung else basis,
+            "job_gpus": job_gpus, "cost_basis": basis,
             "gpu_hours_lost_per_hour": None if lost is None else round(lost, 3)}
 
 
@@ -103,7 +120,7 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
             continue
         seen.add(f.key)
         if f.kind == "hang":
-            f.evidence.update(cost_fields(job_gpus, None, "hang", hung=True))
+            f.evidence.update(cost_fields(job_gpus, None, "hang"))
             continue
         entry = entries.get(f.key)
         if entry is None:
@@ -121,7 +138,7 @@ def _node_levels(view: WindowView, memory: dict[str, Any]) -> Array:
     appended to the job's history (``memory["history"]``, bounded)."""
     metric = memory.get("metric")
     if metric is None:
-        metric = memory["metric"] = _metric(view)
+        metric = memory["metric"] = duty_metric(view.gpu)
     levels = nanmedian(view.per_node(metric), axis=1)
     history: list[list[Any]] = memory.setdefault("history", [])
     newest = view.bins[-1]
@@ -131,15 +148,6 @@ def _node_levels(view: WindowView, memory: dict[str, Any]) -> Array:
                                  if not np.isnan(v)}])
         del history[:-HISTORY_BINS]
     return levels
-
-
-def _metric(view: WindowView) -> str:
-    """The first duty-cycle counter the job reports at a usable level."""
-    for metric in GPU_READS:
-        values = view.gpu(metric)
-        if np.any(~np.isnan(values)) and float(np.nanmedian(values)) >= MIN_LEVEL:
-            return metric
-    return GPU_READS[-1]
 
 
 def _excluded(f: Finding) -> str | None:

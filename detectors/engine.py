@@ -74,9 +74,9 @@ class JobEngine:
     def ingest(self, sample: Sample) -> list[Detection]:
         """Fold a validated sample in; returns detections firing on this sample.
 
-        A sample for a bin already evaluated is counted in ``late`` and only tells
-        that its node is alive. Its
-        time is first put on the job's clock (``detectors/clocks.py``).
+        Its time is first put on the job's clock (``detectors/clocks.py``). A sample
+        for a bin already evaluated is counted in ``late`` and only tells that its
+        node is alive.
         """
         sample, established = self.clocks.place(sample)
         b = self.window.bin_of(sample["ts"])

@@ -35,6 +35,7 @@ that node's normal at node level (GPU level still sees a single slow GPU).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,9 +170,7 @@ def _workload_made(candidates: dict[tuple[str, str], list[_Deviation]], last_bin
     for key in [k for k, (_, end) in runs.items() if end < last_bin - ROTATION_BINS]:
         del runs[key]
     ended = {k for k, (_, end) in runs.items() if end < last_bin}
-    per_node: dict[str, int] = {}
-    for node, _ in quiet:
-        per_node[node] = per_node.get(node, 0) + 1
+    per_node = Counter(node for node, _ in quiet)
     explained = set()
     for node, gpu in quiet:
         start = runs[f"{node}/{gpu}"][0]

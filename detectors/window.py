@@ -38,8 +38,6 @@ class JobWindow:
         self.bin_seconds = bin_seconds
         self.gpu_metrics = gpu_metrics
         self.nic_metrics = nic_metrics
-        self._gpu_wanted = frozenset(gpu_metrics)
-        self._nic_wanted = frozenset(nic_metrics)
         self.bins: dict[str, dict[str, Any]] = (state or {}).get("bins", {})
         # (section, bin) → (entities, metric → column): sealed bins never change, so their
         # columns are built once. Derived data: not part of the persisted state.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -165,7 +165,7 @@ class Simulator:
         # the newer physics draws from its own generator, so adding it left every
         # older scenario's samples exactly as they were
         self._physics = random.Random(f"{seed}-physics")
-        self._spread: dict[tuple[str, str, str], float] = {}  # static per-GPU factor
+        self._drawn: dict[tuple[str, ...], float] = {}  # physics drawn once, then fixed
         # job → [(true time, actual step / healthy step)], one per tick: the ground
         # truth of what the job's faults cost (inf while it hangs)
         self.truth: dict[str, list[tuple[float, float]]] = {}
@@ -282,26 +282,28 @@ class Simulator:
         rotates smoothly between GPUs (each GPU peaks once per rotation, at its own
         phase: where its experts sit)."""
         factor = 1.0
+        node, physics = job.nodes[node_index], self._physics
         if job.heterogeneity:
-            key = (job.name, job.nodes[node_index], str(gpu))
-            if key not in self._spread:
-                self._spread[key] = max(0.8, self._physics.gauss(1.0, job.heterogeneity))
-            factor *= self._spread[key]
+            factor *= self._draw((job.name, node, str(gpu), "spread"), lambda: max(
+                0.8, physics.gauss(1.0, job.heterogeneity)))
         if job.kind == "moe" and job.moe_rotation_seconds:
-            key = (job.name, job.nodes[node_index], f"phase-{gpu}")
-            if key not in self._spread:  # where the GPU's experts sit in the rotation
-                self._spread[key] = self._physics.random()
+            phase = self._draw((job.name, node, str(gpu), "phase"), physics.random)
             factor *= 1.0 + job.moe_amplitude * math.cos(
-                2 * math.pi * ((t - self.start) / job.moe_rotation_seconds - self._spread[key]))
+                2 * math.pi * ((t - self.start) / job.moe_rotation_seconds - phase))
         if job.kind == "moe" and job.moe_dwell_seconds:
             turn = int((t - self.start) // job.moe_dwell_seconds)
-            key = (job.name, f"turn-{turn}", "")
-            if key not in self._spread:  # the GPU the hot expert sits on this turn
-                self._spread[key] = float(self._physics.randrange(
-                    len(job.nodes) * job.gpus_per_node))
-            if self._spread[key] == node_index * job.gpus_per_node + gpu:
+            hot = self._draw((job.name, str(turn), "hot"), lambda: float(
+                physics.randrange(len(job.nodes) * job.gpus_per_node)))
+            if hot == node_index * job.gpus_per_node + gpu:
                 factor *= 1.0 + job.moe_amplitude
         return factor
+
+    def _draw(self, key: tuple[str, ...], draw: Callable[[], float]) -> float:
+        """A physics value drawn the first time ``key`` is asked for, then fixed (a
+        GPU's spread, its experts' phase, where the hot expert sits in a turn)."""
+        if key not in self._drawn:
+            self._drawn[key] = draw()
+        return self._drawn[key]
 
     def _node_sample(self, job: JobSpec, node: str, t: float,
                      states: dict[tuple[str, str], _GpuState], faults: list[Fault],
@@ -350,7 +352,7 @@ class Simulator:
                 + c.drift.get(node, 0.0) * (t - self.start) / 3600.0)
 
     def _cpu_util(self, node: str, faults: list[Fault]) -> float:
-        busy = _clip(self._rng.gauss(0.35, 0.03))
+        busy = _clip(self._rng.gauss(0.35, 0.03))  # drawn always: older scenarios unchanged
         if any(f.kind == "slow_host" and f.node == node for f in faults):
             return _clip(0.97 + 0.02 * self._physics.random())
         return busy

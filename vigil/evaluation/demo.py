@@ -31,6 +31,7 @@ from contracts.codec import decode_detection
 from contracts.config import Config, load
 from contracts.messages import Detection, location
 from detectors.baseline import StaticRules
+from detectors.cost import gpu_hours_lost
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil.evaluation.benchdetect import matches
 from vigil.evaluation.costcheck import true_slowdown
@@ -125,8 +126,7 @@ def _true_cost(truth: Truth, cluster: Cluster, label: dict[str, Any],
     if det is None or job.name not in truth:
         return None
     slowdown = true_slowdown(truth[job.name], label["start"], det["detected_at"])
-    gpus = len(job.nodes) * job.gpus_per_node
-    return float(gpus) if math.isinf(slowdown) else gpus * slowdown / (1 + slowdown)
+    return gpu_hours_lost(len(job.nodes) * job.gpus_per_node, slowdown)
 
 
 def _first(found: Sequence[Mapping[str, Any]], label: dict[str, Any],

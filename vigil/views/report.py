@@ -21,7 +21,7 @@ import numpy as np
 from contracts.config import DetectConfig
 from contracts.messages import Detection, Sample
 from contracts.status import HEAT_METRICS, gpu_key_order
-from detectors.cost import MIN_LEVEL, inflation_series
+from detectors.cost import duty_metric, inflation_series
 from detectors.engine import JobEngine
 from detectors.job_profile import stands_out, tensor_peaks, time_shares
 from detectors.robust import nanmedian
@@ -115,7 +115,6 @@ def build(samples: Iterable[Sample], job: str, cfg: DetectConfig) -> ReportData:
     data.shares = time_shares(rows, heat["sm_active"], gpu_link, node_ib)
     data.tensor_peaks = tensor_peaks(heat["tensor_active"])
     data.stands_out = stands_out(rows, {m: data.row_means(m) for m in HEAT_METRICS})
-    duty = heat["tensor_active"] if np.nanmedian(heat["tensor_active"]) >= MIN_LEVEL \
-        else heat["sm_active"]
+    duty = heat[duty_metric(heat.__getitem__)]
     data.inflation = inflation_series(nanmedian(duty, axis=0))
     return data
