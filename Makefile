@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 TEST_ENV := VIGIL_LOCAL_DATA_DIR=.vigil/test-stack VIGIL_LOCAL_KAFKA_PORT=29092 \
             VIGIL_LOCAL_CONTROLLER_PORT=29093 VIGIL_LOCAL_REDIS_PORT=26379
 
-.PHONY: install test lint unit soak demo up down clean
+.PHONY: install test lint unit soak fleet-soak demo up down clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,11 @@ soak: $(STAMP)
 	$(TEST_ENV) $(BIN)/vigil up
 	set -o pipefail; rc=0; $(TEST_ENV) $(BIN)/pytest -q -s -m soak tests/reliability \
 	  $(PYTEST_ARGS) || rc=$$?; $(TEST_ENV) $(BIN)/vigil down; exit $$rc
+
+# False alarms on 50,000 healthy GPU-hours of simulated jobs, replayed offline (issue
+# #14; about 75 minutes on 2 cores). FLEET_ARGS="--gpu-hours 5000" for a shorter run.
+fleet-soak: $(STAMP)
+	$(BIN)/python bench/fleet_soak.py $(FLEET_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m vigil.evaluation.demo

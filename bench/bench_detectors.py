@@ -18,12 +18,14 @@ from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 START = 1_900_000_000.0
 
 
-def measure(gpus: int, seconds: float = 90.0) -> dict[str, float]:
-    """Feed ``seconds`` of a job with one slow GPU; time ingest and evaluation apart."""
+def measure(gpus: int, seconds: float = 150.0) -> dict[str, float]:
+    """Feed ``seconds`` of a job with one slow GPU (from 90 s: the straggler test
+    learns each GPU's normal over its first minute); time ingest and evaluation
+    apart."""
     nodes = max(1, gpus // 8)
     job = JobSpec("bench", [f"node-{i:05d}" for i in range(nodes)],
                   gpus_per_node=min(8, gpus))
-    cluster = Cluster([job], [Fault("slow_gpu", "bench", job.nodes[0], "1", START + 30)])
+    cluster = Cluster([job], [Fault("slow_gpu", "bench", job.nodes[0], "1", START + 90)])
     engine = JobEngine("bench", DetectConfig())
     ingest = evaluate = 0.0
     samples = steps = 0

@@ -75,11 +75,28 @@ def main() -> int:
             print(f"| {cls.name} | {cls.effect or 'healthy'} | {split} | {row['n']} | {found} "
                   f"| {_pct(row['delays'], 0.5)} / {_pct(row['delays'], 0.9)} | {row['false']} "
                   f"| {s_found} | {_pct(row['s_delays'], 0.5)} | {row['s_false']} |")
-    held = [r for (c, s), r in table.items() if s == "held-out"]
-    labels = sum(r["labels"] for r in held)
-    print(f"\nheld-out: {sum(r['found'] for r in held)}/{labels} faults found, "
-          f"{sum(r['false'] for r in held)} false alarms; median delay "
-          f"{statistics.median([d for r in held for d in r['delays']] or [0]):.0f} s")
+    print("\nBy effect size (faults only):\n")
+    print("| effect | seeds | found | delay p50 / p90 s | static: found | static delay p50 |")
+    print("|---|---|---|---|---|---|")
+    effects = sorted({c.effect for c in CLASSES if c.effect})
+    for effect in effects:
+        for split in ("tuning", "held-out"):
+            rows = [table[(c.name, split)] for c in CLASSES if c.effect == effect]
+            delays = [d for r in rows for d in r["delays"]]
+            s_delays = [d for r in rows for d in r["s_delays"]]
+            labels = sum(r["labels"] for r in rows)
+            print(f"| {effect} | {split} | {sum(r['found'] for r in rows)}/{labels} "
+                  f"| {_pct(delays, 0.5)} / {_pct(delays, 0.9)} "
+                  f"| {sum(r['s_found'] for r in rows)}/{labels} | {_pct(s_delays, 0.5)} |")
+    for split in ("tuning", "held-out"):
+        rows = [r for (c, s), r in table.items() if s == split]
+        healthy = [table[(c.name, split)] for c in CLASSES if not c.effect]
+        labels = sum(r["labels"] for r in rows)
+        print(f"\n{split}: {sum(r['found'] for r in rows)}/{labels} faults found, "
+              f"{sum(r['false'] for r in rows)} false alarms "
+              f"({sum(r['false'] for r in healthy)} on {sum(r['n'] for r in healthy)} "
+              f"healthy look-alike jobs); median delay "
+              f"{statistics.median([d for r in rows for d in r['delays']] or [0]):.0f} s")
     return 0
 
 

@@ -135,6 +135,9 @@ class WorkerConfig:
     batch_size: int = 500
     batch_seconds: float = 0.5
     status_seconds: float = 5.0  # job heat and worker health for the live view; 0 = off
+    # a stop signal's deadline: Faust's own shutdown can hang (faust issue 484), so a
+    # worker still stopping after this exits hard; under Kubernetes' default 30 s grace
+    stop_seconds: float = 25.0
     data_dir: str = ".vigil/worker"
 
 
@@ -151,11 +154,13 @@ class DetectConfig:
     held_seconds: float = 35.0
     fire_after: int = 2
     resolve_after: int = 4
-    straggler_z: float = 4.0
-    straggler_bins: int = 4
-    straggler_of_bins: int = 6
-    hang_seconds: float = 20.0
-    silent_seconds: float = 20.0
+    # the straggler test's threshold: false alarms per 1,000 days of one GPU's (or
+    # node's) comparison on noise alone (detectors/sequential.py)
+    straggler_false_alarms_per_1000_days: float = 1.0
+    hang_seconds: float = 10.0
+    # a node this long without a sample is silent; a node that loses many messages
+    # gets more (detectors/health.py)
+    silent_seconds: float = 8.0
     missing_gpu_seconds: float = 10.0
     throttle_seconds: float = 15.0
     health_hold_seconds: float = 300.0

@@ -76,6 +76,13 @@ class ClockOffsets:
                                                         or voters < MIN_VOTERS)
         return placed, established
 
+    def alive_at(self, node: str, raw_ts: float) -> float:
+        """When a sample stamped ``raw_ts`` by ``node`` was taken, on the job's clock,
+        corrected by the whole offset estimate (no ``MIN_CORRECTION`` step): what
+        silence is judged on. The step that switches a drifting node's correction on
+        moves its placed samples back by seconds at once, which would read as a gap."""
+        return raw_ts - self.offset.get(node, 0.0)
+
     def _vote(self) -> None:
         """The job's clock: the median of its nodes' latest raw timestamps (a majority
         of sane clocks outvotes the others); nodes unheard for long stop voting."""

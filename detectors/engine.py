@@ -57,8 +57,8 @@ class JobEngine:
         self.next_bin: int | None = state.get("next_bin")
         self.late: int = state.get("late", 0)
         self.window_bins = max(1, math.ceil(cfg.window_seconds / cfg.bin_seconds))
-        self.stragglers = StragglerParams(cfg.straggler_z, cfg.straggler_bins,
-                                         cfg.straggler_of_bins)
+        self.stragglers = StragglerParams(cfg.straggler_false_alarms_per_1000_days,
+                                          cfg.bin_seconds)
         self.hang_params = HangParams(cfg.hang_seconds)
         self.link_params = LinkParams(cfg.link_z, errors_per_window=cfg.ib_errors_per_window)
         self.network_params = NetworkParams(cfg.network_link_share)
@@ -78,19 +78,21 @@ class JobEngine:
         for a bin already evaluated is counted in ``late`` and only tells that its
         node is alive.
         """
+        raw_ts = sample["ts"]
         sample, established = self.clocks.place(sample)
+        alive_at = self.clocks.alive_at(sample["node"], raw_ts)
         b = self.window.bin_of(sample["ts"])
         if self.next_bin is None or (self.max_ts is None and b < self.next_bin):
             self.next_bin = b  # until a node is established, nothing is late yet
         elif b < self.next_bin:
             self.late += 1
-            self.health.heard(sample)
+            self.health.heard(sample, alive_at)
             return []
         self.window.add(sample, self.held)
         if established:
             self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts,
                                                                        sample["ts"])
-        immediate = self.health.ingest(sample)
+        immediate = self.health.ingest(sample, alive_at)
         if not immediate:
             return []
         return self._with_job_size(self.tracker.update(sample["ts"], immediate, set()))
@@ -107,8 +109,12 @@ class JobEngine:
             return []
         closed = self.window.bin_of(self.max_ts - self.cfg.grace_seconds)  # first open bin
         out: list[Detection] = []
-        if closed - self.next_bin > self.window_bins:  # a long gap: skip empty history
-            self.next_bin = closed - self.window_bins
+        if closed - self.next_bin > self.window_bins:  # a long gap: skip empty bins
+            # ... but never bins that hold data: the straggler test is sequential and
+            # learns from every bin (a worker's first batch may hold minutes of them)
+            skip_to = closed - self.window_bins
+            first = self.window.first_bin_from(self.next_bin)
+            self.next_bin = skip_to if first is None else min(first, skip_to)
         if self.next_bin >= closed:
             return out
         while self.next_bin < closed:

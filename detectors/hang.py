@@ -32,7 +32,7 @@ NIC_READS = ("ib_tx",)
 class HangParams:
     """How long the signature must last."""
 
-    seconds: float = 20.0
+    seconds: float = 10.0
 
 
 def hung_bins(view: WindowView) -> np.ndarray:

@@ -9,13 +9,18 @@
 - Thermal / hardware slowdown clock-event reasons held for ``throttle_seconds``.
 - A GPU that stops appearing in its node's samples while the node still reports.
 - ``node_silent``: a node of the job stops reporting for ``silent_seconds`` while
-  the job's other nodes go on (when every node stops, the job ended).
+  the job's other nodes go on (when every node stops, the job ended). A node that
+  loses many of its messages on the way (a flaky network path) leaves gaps that
+  could pass for silence: each node's cadence is learned (its typical interval and
+  its mean gap, so its loss rate), and its silence threshold rises to the gap its
+  own losses would reach by chance once in a million samples.
 
 Events stay open for ``hold_seconds`` after they were last seen, then resolve.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +53,8 @@ ACTION_ADVICE = {"replace": "drain the node and replace the GPU", "reset": "rese
 # HW slowdown, SW thermal, HW thermal, HW power brake
 SLOWDOWN_BITS = 0x8 | 0x20 | 0x40 | 0x80
 FORGET_SECONDS = 3600.0
+CADENCE_GAP_CAP = 60.0  # a longer gap (a pause, a restart) teaches a node's cadence no more
+MAX_SILENT_SECONDS = 120.0  # however lossy its path, a node this quiet is silent
 
 
 @dataclass(frozen=True)
@@ -56,8 +63,10 @@ class HealthParams:
 
     throttle_seconds: float = 15.0
     missing_gpu_seconds: float = 10.0
-    silent_seconds: float = 20.0
+    silent_seconds: float = 8.0
     hold_seconds: float = 300.0
+    # a live node's gap passes its silence threshold by chance this rarely per sample
+    silent_by_chance: float = 1e-6
 
 
 def classify_xid(code: int) -> tuple[str, str, str]:
@@ -73,36 +82,68 @@ class HealthMonitor:
         self.p = p
         self.gpus: dict[str, dict[str, Any]] = state.get("gpus", {})
         self.nodes: dict[str, float] = state.get("nodes", {})
+        # node → [typical interval, mean gap] between its samples (seconds)
+        self.cadence: dict[str, list[float]] = state.get("cadence", {})
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state for a table or a checkpoint."""
-        return {"gpus": self.gpus, "nodes": self.nodes}
+        return {"gpus": self.gpus, "nodes": self.nodes, "cadence": self.cadence}
+
+    def _heard_node(self, node: str, ts: float) -> None:
+        """The node's last time, and its cadence: the typical interval follows short
+        gaps quickly and long ones slowly (a low quantile); the mean gap is a plain
+        moving average. Their ratio is the share of its samples that arrive."""
+        last = self.nodes.get(node)
+        if last is not None and ts > last:
+            gap = min(ts - last, CADENCE_GAP_CAP)
+            interval, mean = self.cadence.get(node, [gap, gap])
+            interval += (0.2 if gap < interval else 0.01) * (gap - interval)
+            mean += 0.02 * (gap - mean)
+            self.cadence[node] = [interval, mean]
+        self.nodes[node] = max(ts, last if last is not None else ts)
+
+    def silence_after(self, node: str) -> float:
+        """Seconds without a sample after which ``node`` counts as silent."""
+        interval, mean = self.cadence.get(node, [0.0, 0.0])
+        arriving = min(1.0, interval / mean) if mean > 0 else 1.0
+        if arriving >= 1.0 or interval <= 0:
+            return self.p.silent_seconds
+        lost = 1.0 - arriving
+        by_chance = interval * math.log(self.p.silent_by_chance) / math.log(lost)
+        return min(max(self.p.silent_seconds, by_chance), MAX_SILENT_SECONDS)
 
     def forget_node(self, node: str) -> None:
         """The node left the job: no silence or missing GPU is judged for it."""
         self.nodes.pop(node, None)
+        self.cadence.pop(node, None)
         for key in [k for k in self.gpus if k.rsplit("/", 1)[0] == node]:
             del self.gpus[key]
 
-    def heard(self, sample: Sample) -> None:
+    def heard(self, sample: Sample, alive_at: float | None = None) -> None:
         """A sample too late for the window still says its node and GPUs are alive
         (a node whose clock just jumped back is not silent); nothing else of it is
-        used."""
-        ts, node = sample["ts"], sample["node"]
-        self.nodes[node] = max(ts, self.nodes.get(node, ts))
+        used. ``alive_at``: when it was taken, for the silence of the node and its
+        GPUs (default: its time)."""
+        node = sample["node"]
+        alive = sample["ts"] if alive_at is None else alive_at
+        self._heard_node(node, alive)
         for gpu in sample["gpus"]:
             g = self.gpus.get(f"{node}/{gpu}")
             if g is not None:
-                g["last"] = max(ts, g["last"])
+                g["last"] = max(alive, g["last"])
 
-    def ingest(self, sample: Sample) -> list[Finding]:
-        """Fold one sample in; return findings that must fire on this very sample."""
+    def ingest(self, sample: Sample, alive_at: float | None = None) -> list[Finding]:
+        """Fold one sample in; return findings that must fire on this very sample.
+        ``alive_at``: when it was taken, for the silence of the node and its GPUs
+        (default: its time): both on one clock, or a GPU would look missing beside
+        its own node."""
         ts, node = sample["ts"], sample["node"]
-        self.nodes[node] = max(ts, self.nodes.get(node, ts))
+        alive = ts if alive_at is None else alive_at
+        self._heard_node(node, alive)
         out = []
         for gpu, r in sample["gpus"].items():
-            g = self.gpus.setdefault(f"{node}/{gpu}", {"last": ts, "thr": None})
-            g["last"] = max(ts, g["last"])
+            g = self.gpus.setdefault(f"{node}/{gpu}", {"last": alive, "thr": None})
+            g["last"] = max(alive, g["last"])
             xid = int(r.get("xid", 0) or 0)
             if xid:
                 action, severity, meaning = classify_xid(xid)
@@ -141,6 +182,7 @@ class HealthMonitor:
             del self.gpus[key]
         for node in [n for n, t in self.nodes.items() if now - t > FORGET_SECONDS]:
             del self.nodes[node]
+            self.cadence.pop(node, None)
         health: list[Finding] = []
         for key, g in sorted(self.gpus.items()):
             node, gpu = key.rsplit("/", 1)
@@ -162,10 +204,11 @@ class HealthMonitor:
                     f"its node still reports: it may have fallen off the bus.", g["last"],
                     {"last_seen": g["last"]}, fire_after=1))
         silent: list[Finding] = []
-        active = [n for n, t in self.nodes.items() if now - t < p.silent_seconds]
+        after = {n: self.silence_after(n) for n in self.nodes}
+        active = [n for n, t in self.nodes.items() if now - t < after[n]]
         if active:
             for node, last in sorted(self.nodes.items()):
-                if now - last >= p.silent_seconds:
+                if now - last >= after[node]:
                     silent.append(Finding(
                         "node_silent", node, None, "critical", (), now - last,
                         f"Node {node} has sent nothing for {now - last:.0f}s while "

@@ -1,52 +1,68 @@
 """Straggler GPUs and nodes: the peers of a synchronous job should look alike.
 
 A slowed GPU keeps computing while its healthy peers wait at the barrier, so its
-activity, power and clock depart from theirs in a consistent direction.
+activity and power rise above theirs, and a throttled one's clock falls below.
 
-- **GPU level**: each GPU is compared with the other GPUs *of its node*. They form
-  one tensor-parallel group (or data-parallel replicas), so they do the same work
-  whatever the pipeline stage of the node; a GPU that sits beyond the robust
-  z-threshold in the same direction in most recent bins, on at least two metrics,
-  is a straggler.
-- **Workload or hardware.** A GPU that carries more of the work for a while (MoE
-  experts that are hot now) departs from its node's others just as a slow GPU
+**The test** is sequential: every GPU against the other GPUs of its node, and every
+node's median GPU against the job's nodes, is a stream (``detectors/peer_streams.py``)
+whose evidence accumulates bin after bin in a one-sided CUSUM per metric
+(``detectors/sequential.py``). A GPU or node is a straggler when the sums of two
+metrics pass the threshold. A 25 % slowdown is found in two bins (10 s), 12 % in
+tens of seconds, 5 % in minutes. The threshold comes from one setting, false
+alarms per 1,000 days of one stream on noise alone
+(``detect.straggler_false_alarms_per_1000_days``), with each metric's noise
+estimated online.
+
+**Fault or normal variation.**
+
+- *Noise and static differences* (silicon, cooling; pipeline stages at node level)
+  are learned per stream: its offset from its peers, its own noise and how much that
+  noise persists (``detectors/peer_streams.py``). A node-level stream is tuned to
+  departures of two noise units, a GPU-level one to one: a node's median wanders
+  with where the job's work sits, and what slows a whole node is rarely small.
+- *A job already degraded when Vigil first sees it*: a stream's first
+  ``TRAINING_BINS`` compared bins teach its normal, but the test uses at most a 10 %
+  offset for a GPU, so a GPU slower than that from the start is still reported
+  (dated from its first bin), after the wait for moving load below. A whole node
+  slow from the start is learned as that node's normal, as a pipeline stage would be.
+- *Phases* (warm-up, checkpoints, evaluation, a hung job) change every GPU's load at
+  once, and a GPU's offset from its peers in one phase is not its offset in another.
+  Only bins where the job's busiest GPU is within 15 % of the job's level (which
+  follows a rise at once and a fall over 10 minutes), and its median GPU above half
+  of its own level, are compared; other bins hold
+  the sums. A rise beyond that (a warm-up ending) restarts the streams' training.
+  The busiest GPU is used because a straggler itself stays busy while its peers
+  wait: a fault does not pause its own test.
+- *Moving load* (MoE experts hot for a while) makes a GPU depart just as a slow GPU
   does, and neither need change its clock. What differs is time: hardware departs
-  and stays departed; moving load departs and comes back, one GPU after another,
-  and often several GPUs of one node swing together. A departure with a lower
-  clock is hardware at once. One without is remembered as a run of bins per GPU;
-  once another GPU's run has ended within 10 minutes the job's load is known to
-  move, and a signature-less departure must then outlast ``LONG_RUN_BINS`` (4 min,
-  longer than load stays on one GPU) to count; two or more GPUs of one node
-  departing together without a lower clock never count at GPU level. The cost: in
-  such a job a slow GPU that keeps its clock is found after 4 minutes, not 30 s;
-  and the first hot GPUs of a job may still fire before its load has been seen
-  to move.
-- **Node level**: each node's median GPU is compared with the other nodes. Nodes of
-  different pipeline stages legitimately differ, so every node has a learned
-  *offset* from the job median (slow moving average, frozen while the node is
-  flagged); a node is a straggler when it departs from its own offset, not from
-  the others. Offsets belong to the job's steady phase: while the job median is
-  away from its recent level (warm-up, checkpoints, evaluation, where stages stop
-  differing) node-level comparison pauses and nothing is learned.
-
-Limitation: a node or GPU already slow when Vigil first sees the job is learned as
-that node's normal at node level (GPU level still sees a single slow GPU).
+  and stays departed; moving load departs and comes back, one GPU after another, and
+  often several GPUs of one node swing together. A departure with a lower clock is
+  hardware at once. One without must outlast ``LONG_RUN_BINS`` (4 min) in a job whose
+  load has been seen to move, or when it began in the job's first compared bins
+  (``_workload_made``). The cost: there, a slow GPU that keeps its clock is found
+  after 4 minutes, not seconds. A single hot expert that first moves after the job
+  has settled is, until it moves, indistinguishable from a slow GPU (a known false
+  alarm, once per such job).
+- *Lost or held readings*: a stream without a reading in a bin holds its sums.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from contracts.catalog import GPU_METRICS
 from detectors.findings import Finding, fmt
-from detectors.robust import Array, nanmedian, persistent, robust_z, robust_z_axis
+from detectors.peer_streams import Departure, MetricSpec, PeerLevel, advance
+from detectors.robust import Array, nanmedian
+from detectors.sequential import Cusum
 from detectors.window import WindowView
 
-# metric → absolute floor of the peer spread (its unit): noise below this is not evidence.
+# metric → resolution floor of its noise (its unit): a spread below this is not evidence.
 STRAGGLER_METRICS: dict[str, float] = {
     "sm_active": 0.015,
     "tensor_active": 0.015,
@@ -55,202 +71,206 @@ STRAGGLER_METRICS: dict[str, float] = {
     "sm_clock": 25.0,
 }
 GPU_READS = tuple(STRAGGLER_METRICS)
-_NAMES = tuple(STRAGGLER_METRICS)
-_FLOORS = np.array([STRAGGLER_METRICS[m] for m in _NAMES])
 NIC_READS: tuple[str, ...] = ()
+_NAMES = tuple(STRAGGLER_METRICS)
+_SM = _NAMES.index("sm_active")
+# Which way each metric moves on a straggler: busier (it computes while its peers
+# wait) and drawing more power, or a lower clock (throttled). Only that side counts:
+# a GPU idler than its peers holds nobody back. A lower clock is the hardware
+# signature; two metrics must agree.
+SPEC = MetricSpec(_NAMES, np.array([STRAGGLER_METRICS[m] for m in _NAMES]),
+                  np.array([-1.0 if m == "sm_clock" else 1.0 for m in _NAMES]),
+                  _NAMES.index("sm_clock"), min_metrics=2)
 MIN_GPU_PEERS = 4
 MIN_NODE_PEERS = 3
-MIN_METRICS = 2
-OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a node's normal offset adapts
-OFFSET_WARMUP_UPDATES = 24  # plain running mean until a node has this many updates
-LEVEL_TIME_CONSTANT = 60.0  # seconds: the job's recent level of each metric
-STEADY_TOLERANCE = 0.15  # job median within this share of its recent level = steady
-ROTATION_GPUS = 1  # another GPU whose departure ended: the job's load moves around
+GPU_OFFSET_CAP = 0.10  # the test uses a GPU's offset up to this share of its peers' level
+LEVEL_TIME_CONSTANT = 600.0  # seconds: how slowly the job's level follows a fall
+STEADY_TOLERANCE = 0.15  # busiest GPU within this share of its recent level = comparable
+IDLE = 0.1  # a job whose busiest GPU is below this SM activity is not compared
+TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its level
 ROTATION_BINS = 120  # how long (bins: 10 min) such an ended departure is remembered
 LONG_RUN_BINS = 48  # a departure outlasting this (4 min) is not moving load
+SETTLE_BINS = 16  # compared bins: a departure there since the job's first ones may be its load
+STATE_VERSION = 8  # the memory layout of the sequential test
 
 
 @dataclass(frozen=True)
 class StragglerParams:
-    """Thresholds: z-score, and how many of the latest bins must be deviant."""
+    """The sequential test (its threshold set from a false-alarm rate)."""
 
-    z: float = 4.0
-    need_bins: int = 4
-    of_bins: int = 6
+    false_alarms_per_1000_days: float = 1.0
+    bin_seconds: float = 5.0
 
+    @cached_property
+    def gpu_test(self) -> Cusum:
+        """Each GPU against its node: tuned to a shift of one noise unit."""
+        return Cusum.for_rate(self.false_alarms_per_1000_days, self.bin_seconds, k=0.5)
 
-@dataclass
-class _Deviation:
-    metric: str
-    z: float
-    value: float
-    peer: float
-    first: int
+    @cached_property
+    def node_test(self) -> Cusum:
+        """Each node against the job: tuned to two noise units. A node's median GPU
+        wanders with where the job's work sits (MoE experts, data shards) more than
+        one GPU against its node does, and what slows a whole node (its host, its
+        power or cooling) is rarely small."""
+        return Cusum.for_rate(self.false_alarms_per_1000_days, self.bin_seconds, k=1.0)
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
                     memory: dict[str, Any]) -> list[Finding]:
-    """GPU- and node-level straggler findings for the view's latest bins.
+    """GPU- and node-level straggler findings for the view's latest bin.
 
-    ``memory`` holds what the node level learns (offsets, update counts, the job's
-    recent level and which bins were steady); it is updated in place and is part of
-    the engine's persisted state.
+    ``memory`` holds each stream's sums and offsets, the noise estimates, the job's
+    recent level and the runs of signature-less departures; it is updated in place
+    and is part of the engine's persisted state.
     """
-    if len(view.bins) < p.of_bins or not view.gpus:
+    if not view.gpus:
         return []
-    gpu_devs: dict[tuple[str, str], list[_Deviation]] = {}
-    node_devs: dict[str, list[_Deviation]] = {}
-    flagged_nodes: set[str] = set()
-    # every metric at once: metrics × nodes × slots × bins (one numpy pass, not five)
-    stack = np.stack([view.per_node(m) for m in _NAMES])
-    _gpu_level(view, stack, p, gpu_devs)
-    node_value = nanmedian(stack, axis=2)  # metrics × nodes × bins
-    residual = node_value - np.expand_dims(nanmedian(node_value, axis=1), 1)
-    residuals = {m: (node_value[i], residual[i]) for i, m in enumerate(_NAMES)}
-    for i, metric in enumerate(_NAMES):
-        _node_level(view, residuals[metric], metric, float(_FLOORS[i]), p, memory, node_devs)
+    if memory.get("version") != STATE_VERSION:  # state of the windowed test: start over
+        memory.clear()
+        memory["version"] = STATE_VERSION
+    last = view.bins[-1]
+    latest = np.stack([view.per_node(m)[:, :, -1] for m in _NAMES])  # metrics × nodes × slots
+    comparable = _comparable(latest, last, view.bin_seconds, memory)
+    gpu_level, node_level = _levels(view, latest)
+    learned = memory.setdefault("streams", {})
+    nodes = advance(node_level, SPEC, p.node_test, comparable, last, view.bin_seconds,
+                    learned.setdefault("node", {}), learned.setdefault("noise_node", {}))
+    gpus = advance(gpu_level, SPEC, p.gpu_test, comparable, last, view.bin_seconds,
+                   learned.setdefault("gpu", {}), learned.setdefault("noise_gpu", {}))
     findings = []
-    for node, devs in sorted(node_devs.items()):
-        if len({d.metric for d in devs}) >= MIN_METRICS:
-            flagged_nodes.add(node)
-            findings.append(_finding(view, p, node, None, devs))
-    candidates = {key: devs for key, devs in gpu_devs.items()
-                  if key[0] not in flagged_nodes and len({d.metric for d in devs}) >= MIN_METRICS}
-    explained = _workload_made(candidates, view.bins[-1], memory)
-    for (node, gpu), devs in sorted(candidates.items()):
-        if (node, gpu) not in explained:
-            findings.append(_finding(view, p, node, gpu, devs))
-    _learn(view, memory, flagged_nodes, residuals)
+    flagged_nodes = set()
+    for node, devs in sorted(nodes.found.items()):
+        flagged_nodes.add(node)
+        findings.append(_finding(view, node, None, devs))
+    candidates = {key: devs for key, devs in gpus.found.items()
+                  if key.rsplit("/", 1)[0] not in flagged_nodes}
+    departed = {k for k in gpus.departed if k.rsplit("/", 1)[0] not in flagged_nodes}
+    explained = _workload_made(candidates, departed, gpus.shed, last, memory)
+    for key, devs in sorted(candidates.items()):
+        if key not in explained:
+            node, gpu = key.rsplit("/", 1)
+            findings.append(_finding(view, node, gpu, devs))
     return findings
 
 
-def _gpu_level(view: WindowView, stack: Array, p: StragglerParams,
-               out: dict[tuple[str, str], list[_Deviation]]) -> None:
-    """Each GPU against the other GPUs of its node, every metric at once."""
-    peers = np.sum(~np.isnan(stack[..., -1]), axis=2)  # metrics × nodes
-    z = robust_z_axis(stack, axis=2, abs_floor=_FLOORS[:, None, None, None])
-    test = persistent(z, p.z, p.need_bins, p.of_bins)  # metrics × nodes × slots
-    for m, n, slot in zip(*np.nonzero(test.flagged), strict=True):
-        if peers[m, n] < MIN_GPU_PEERS:
-            continue
-        node, gpu = view.gpu_at(int(n), int(slot))
-        recent = stack[m, n, :, -p.of_bins:]
-        out.setdefault((node, gpu), []).append(_Deviation(
-            _NAMES[m], float(test.score[m, n, slot]), float(np.nanmedian(recent[slot])),
-            float(np.nanmedian(nanmedian(recent, axis=0))), int(test.first[m, n, slot])))
+def _comparable(latest: Array, last: int, bin_seconds: float,
+                memory: dict[str, Any]) -> bool:
+    """Whether the job is in its main phase, where its GPUs are compared: its busiest
+    GPU's SM activity within ``STEADY_TOLERANCE`` of the job's level (and not idle).
+
+    The level follows a rise at once and a fall slowly (``LEVEL_TIME_CONSTANT``), so
+    a checkpoint or an evaluation, where every GPU idles or does other work, is never
+    taken for the main phase, however long it lasts within reason. A rise beyond the
+    tolerance (a warm-up ending) means that what the streams learned was another
+    phase: they start training afresh, and the job settles again. Counts the
+    comparable bins until the job has settled.
+    """
+    sm = latest[_SM]
+    if not np.any(~np.isnan(sm)):
+        return False
+    busiest, typical = float(np.nanmax(sm)), float(nanmedian(sm.ravel(), axis=0))
+    fall = min(1.0, bin_seconds / LEVEL_TIME_CONSTANT)
+    # the typical GPU may fall while a straggler holds it up, but not by half: a
+    # checkpoint or evaluation that some nodes enter seconds after the others (their
+    # clocks run behind) would otherwise keep the job "in phase" on those nodes alone
+    usual = float(memory.get("typical", typical))
+    memory["typical"] = _follow(usual, typical, fall)
+    level = float(memory.get("level", busiest))
+    rise = busiest > level * (1 + STEADY_TOLERANCE)
+    if rise:
+        for key in ("streams", "compared", "settled_at"):
+            memory.pop(key, None)
+        level = busiest
+    memory["level"] = _follow(level, busiest, fall)
+    in_phase = (not rise and busiest >= IDLE and busiest >= level * (1 - STEADY_TOLERANCE)
+                and typical >= usual * TYPICAL_FLOOR)
+    # the first bin of a phase is not compared: node clocks a few seconds apart put
+    # part of the phase before it into that bin on some nodes
+    steady = in_phase and bool(memory.get("in_phase"))
+    memory["in_phase"] = in_phase
+    if steady and "settled_at" not in memory:
+        memory["compared"] = memory.get("compared", 0) + 1
+        if memory["compared"] >= SETTLE_BINS:
+            memory["settled_at"] = last
+    return steady
 
 
-def _signature_less(devs: list[_Deviation]) -> bool:
-    """Busier than its peers, and no lower clock: what a GPU carrying more of the
-    work looks like, and also a slow GPU that keeps its clock (the hard case)."""
-    return not any(d.metric == "sm_clock" and d.z < 0 for d in devs)
+def _follow(level: float, now: float, fall: float) -> float:
+    """A level that follows a rise at once and a fall by ``fall`` of the way a bin."""
+    return max(now, level + fall * (now - level))
 
 
-def _workload_made(candidates: dict[tuple[str, str], list[_Deviation]], last_bin: int,
-                   memory: dict[str, Any]) -> set[tuple[str, str]]:
-    """The GPU-level deviations that the job's own workload explains.
+def _levels(view: WindowView, latest: Array) -> tuple[PeerLevel, PeerLevel]:
+    """Each GPU against the other GPUs of its node; each node's median GPU against
+    the job's nodes."""
+    node_value = nanmedian(latest, axis=2)  # metrics × nodes
+    gpu_peers = np.sum(~np.isnan(latest), axis=2)  # metrics × nodes
+    node_idx, slot_idx = view.positions()
+    values = latest[:, node_idx, slot_idx]  # metrics × GPUs
+    peer = node_value[:, node_idx]
+    gpu = PeerLevel([f"{n}/{g}" for n, g in view.gpus], values - peer,
+                    (gpu_peers[:, node_idx] >= MIN_GPU_PEERS) & ~np.isnan(values), peer,
+                    GPU_OFFSET_CAP)
+    job_value = nanmedian(node_value, axis=1)[:, None]  # metrics × 1
+    node_peers = np.sum(~np.isnan(node_value), axis=1, keepdims=True)
+    node = PeerLevel(list(view.nodes), node_value - job_value,
+                     (node_peers >= MIN_NODE_PEERS) & ~np.isnan(node_value),
+                     np.broadcast_to(job_value, node_value.shape), float("inf"),
+                     recenter=True)
+    return gpu, node
+
+
+def _workload_made(candidates: dict[str, list[Departure]], departed: set[str],
+                   shed: set[str], last_bin: int, memory: dict[str, Any]) -> set[str]:
+    """The GPU-level findings (``"node/gpu"``) that the job's own workload may explain.
 
     A slow GPU departs from its node's others and *stays* departed; load that moves
     between GPUs (MoE experts that are hot for a while) makes GPUs depart and come
-    back, one after another. So every signature-less deviation is remembered as a
-    run of bins per GPU. Once the job has shown ``ROTATION_GPUS`` other GPUs whose
-    runs ended within ``ROTATION_BINS``, a signature-less deviation must outlast
-    ``LONG_RUN_BINS`` (longer than such load stays on one GPU) before it counts.
-    And two or more GPUs of one node departing together without a lower clock is
-    the node's load shifting, not two slow GPUs.
+    back, one after another. So every signature-less departure (``departed``: on one
+    metric or more, not on the clock; what a GPU carrying more of the work looks
+    like, and also a slow GPU that keeps its clock) is remembered as a run of bins
+    per GPU, and a GPU that has become less busy than its own learned normal
+    (``shed``: load that sat there has left) as a run that has ended.
+
+    A signature-less finding must outlast ``LONG_RUN_BINS`` (longer than such load
+    stays on one GPU) while some run has ended within ``ROTATION_BINS`` (the job's
+    load moves), or when it began before the job had been compared in
+    ``SETTLE_BINS`` bins (it may be where the load sits). Two or more GPUs of one
+    node departing together without a lower clock is the node's load shifting, not
+    two slow GPUs, and never counts.
     """
-    runs: dict[str, list[int]] = memory.setdefault("runs", {})
-    quiet = {key for key, devs in candidates.items() if _signature_less(devs)}
-    for node, gpu in quiet:
-        run = runs.get(f"{node}/{gpu}")
-        if run is not None and run[1] >= last_bin - 1:
+    runs: dict[str, list[int]] = memory.setdefault("runs", {})  # current: [start, end]
+    ended: dict[str, int] = memory.setdefault("ended", {})  # GPU → its last run's end
+    quiet = candidates.keys() & departed  # findings without a lower clock
+    for key in departed:
+        run = runs.get(key)
+        if run is not None and run[1] >= last_bin - 1:  # one bin's gap is still one run
             run[1] = last_bin
         else:
-            runs[f"{node}/{gpu}"] = [last_bin, last_bin]
-    for key in [k for k, (_, end) in runs.items() if end < last_bin - ROTATION_BINS]:
-        del runs[key]
-    ended = {k for k, (_, end) in runs.items() if end < last_bin}
-    per_node = Counter(node for node, _ in quiet)
+            runs[key] = [last_bin, last_bin]
+    for key in shed - departed:
+        ended[key] = last_bin
+    for key in [k for k, (_, end) in runs.items() if end < last_bin - 1]:
+        ended[key] = runs.pop(key)[1]
+    for key in [k for k, end in ended.items() if end < last_bin - ROTATION_BINS]:
+        del ended[key]
+    moving = bool(ended)  # a departure ended within ROTATION_BINS: the load moves
+    settled = memory.get("settled_at", last_bin + 1)
+    per_node = Counter(key.rsplit("/", 1)[0] for key in quiet)
     explained = set()
-    for node, gpu in quiet:
-        start = runs[f"{node}/{gpu}"][0]
-        rotating = len(ended - {f"{node}/{gpu}"}) >= ROTATION_GPUS
-        if per_node[node] >= 2 or (rotating and last_bin - start < LONG_RUN_BINS):
-            explained.add((node, gpu))
+    for key in quiet:
+        start = runs[key][0]
+        if per_node[key.rsplit("/", 1)[0]] >= 2 or ((moving or start < settled)
+                                                    and last_bin - start < LONG_RUN_BINS):
+            explained.add(key)
     return explained
 
 
-def _node_level(view: WindowView, residuals: tuple[Array, Array], metric: str, floor: float,
-                p: StragglerParams, memory: dict[str, Any],
-                out: dict[str, list[_Deviation]]) -> None:
-    if len(view.nodes) < MIN_NODE_PEERS:
-        return
-    offsets = memory.get("offsets", {}).get(metric, {})
-    steady = set(memory.get("steady", []))
-    node_value, residual = residuals
-    learned = np.array([offsets.get(n, np.nan) for n in view.nodes])
-    known = ~np.isnan(learned)
-    if np.count_nonzero(known) < MIN_NODE_PEERS:
-        return
-    in_phase = np.array([b in steady for b in view.bins])
-    shifted = np.where(known[:, None] & in_phase[None, :], residual - learned[:, None], np.nan)
-    z, _, _ = robust_z(shifted, floor)
-    test = persistent(z, p.z, p.need_bins, p.of_bins)
-    for n in np.nonzero(test.flagged)[0]:
-        peer = float(np.nanmedian(node_value[:, -p.of_bins:] - residual[:, -p.of_bins:]))
-        out.setdefault(view.nodes[n], []).append(_Deviation(
-            metric, float(test.score[n]), float(np.nanmedian(node_value[n, -p.of_bins:])),
-            peer + float(learned[n]), int(test.first[n])))
-
-
-def _learn(view: WindowView, memory: dict[str, Any], frozen: set[str],
-           residuals: dict[str, tuple[Array, Array]]) -> None:
-    """Update the job's recent level; in a steady bin, also the node offsets."""
-    last = view.bins[-1]
-    levels: dict[str, float] = memory.setdefault("level", {})
-    steady_now = True
-    for metric, floor in STRAGGLER_METRICS.items():
-        job_median = float(nanmedian(view.per_node(metric)[:, :, -1].ravel(), axis=0))
-        if np.isnan(job_median):
-            steady_now = False
-            continue
-        level = levels.get(metric, job_median)
-        if abs(job_median - level) > max(STEADY_TOLERANCE * abs(level), 2 * floor):
-            steady_now = False
-        a = min(1.0, view.bin_seconds / LEVEL_TIME_CONSTANT)
-        levels[metric] = level + a * (job_median - level)
-    steady = [b for b in memory.get("steady", []) if b > last - len(view.bins)]
-    memory["steady"] = [*steady, last] if steady_now else steady
-    if not steady_now:
-        return
-    counts: dict[str, int] = memory.setdefault("updates", {})
-    for metric in STRAGGLER_METRICS:
-        residual = residuals[metric][1]
-        table = memory.setdefault("offsets", {}).setdefault(metric, {})
-        for n, node in enumerate(view.nodes):
-            r = float(residual[n, -1])
-            if np.isnan(r) or node in frozen:
-                continue
-            seen = counts.get(f"{metric}|{node}", 0) + 1
-            counts[f"{metric}|{node}"] = seen
-            a = max(1.0 / seen if seen <= OFFSET_WARMUP_UPDATES else 0.0,
-                    min(1.0, view.bin_seconds / OFFSET_TIME_CONSTANT))
-            table[node] = r if node not in table else table[node] + a * (r - table[node])
-    current = set(view.nodes)
-    for table in memory.get("offsets", {}).values():  # forget nodes that left the job
-        for node in [k for k in table if k not in current]:
-            del table[node]
-    for key in [k for k in counts if k.split("|", 1)[1] not in current]:
-        del counts[key]
-
-
-def _finding(view: WindowView, p: StragglerParams, node: str, gpu: str | None,
-             devs: list[_Deviation]) -> Finding:
-    strongest: dict[str, _Deviation] = {}
-    for d in sorted(devs, key=lambda d: -abs(d.z)):
-        strongest.setdefault(d.metric, d)
-    top = list(strongest.values())
-    score = float(np.median([abs(d.z) for d in top]))
+def _finding(view: WindowView, node: str, gpu: str | None,
+             devs: list[Departure]) -> Finding:
+    top = sorted(devs, key=lambda d: -abs(np.nan_to_num(d.z)))
+    score = float(np.nanmedian([abs(d.z) for d in top])) if any(
+        not np.isnan(d.z) for d in top) else 0.0
     detail = ", ".join(f"{d.metric} {fmt(d.value, GPU_METRICS[d.metric].unit)} vs peers' "
                        f"{fmt(d.peer, GPU_METRICS[d.metric].unit)}" for d in top[:2])
     who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"
@@ -258,8 +278,10 @@ def _finding(view: WindowView, p: StragglerParams, node: str, gpu: str | None,
     evidence: dict[str, Any] = {
         "peers": peers,
         "deviations": [{"metric": d.metric, "value": round(d.value, 4),
-                        "peer_median": round(d.peer, 4), "z": round(d.z, 2)} for d in top],
+                        "peer_median": round(d.peer, 4),
+                        "z": None if np.isnan(d.z) else round(d.z, 2)} for d in top],
     }
-    since = view.bin_start(min(d.first for d in top), p.of_bins)
-    return Finding("straggler", node, gpu, "warning", tuple(strongest), score,
-                   f"{who} is out of step with {peers}: {detail}.", since, evidence)
+    since = min(d.first for d in top) * view.bin_seconds
+    return Finding("straggler", node, gpu, "warning", tuple(d.metric for d in top), score,
+                   f"{who} is out of step with {peers}: {detail}.", since, evidence,
+                   fire_after=1)

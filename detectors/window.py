@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from contracts.catalog import GPU_METRICS, NIC_METRICS
 from contracts.messages import Sample
@@ -90,6 +91,10 @@ class JobWindow:
                     else:
                         total[0] += value
                         total[1] += 1
+
+    def first_bin_from(self, b: int) -> int | None:
+        """The first bin at or after ``b`` that holds data (None: none does)."""
+        return min((int(k) for k in self.bins if int(k) >= b), default=None)
 
     def drop_before(self, first_bin: int) -> None:
         """Forget bins older than ``first_bin`` (bounded memory)."""
@@ -187,6 +192,10 @@ class WindowView:
             cube[self._node_idx, self._slot_idx] = self._gpu[metric]
             self._cubes[metric] = cube
         return cube
+
+    def positions(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Each GPU's (node index, slot) in ``per_node`` arrays, in ``gpus`` order."""
+        return self._node_idx, self._slot_idx
 
     def gpu_at(self, node_index: int, slot: int) -> Entity:
         """The (node, gpu) entity at a position of ``per_node`` arrays."""

@@ -18,10 +18,11 @@ def test_defaults_point_at_the_local_stack() -> None:
 
 def test_file_then_environment_wins(tmp_path: Path) -> None:
     path = tmp_path / "vigil.toml"
-    path.write_text('[kafka]\nbootstrap = "k1:9092"\n[detect]\nstraggler_z = 5.5\n')
+    path.write_text('[kafka]\nbootstrap = "k1:9092"\n[detect]\n'
+                    'straggler_false_alarms_per_1000_days = 5.5\n')
     cfg = load(path, env={"VIGIL_KAFKA_BOOTSTRAP": "k2:9092", "VIGIL_DETECT_FIRE_AFTER": "3"})
     assert cfg.kafka_bootstrap == "k2:9092"
-    assert cfg.detect.straggler_z == 5.5
+    assert cfg.detect.straggler_false_alarms_per_1000_days == 5.5
     assert cfg.detect.fire_after == 3
     assert not cfg.manages_kafka and cfg.manages_redis
 

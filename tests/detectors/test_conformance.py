@@ -25,18 +25,32 @@ from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 START = 2_000_000.0
 BIN = 5.0
 
-DETECTORS: dict[str, Callable[[WindowView], list[Finding]]] = {
-    "straggler": lambda v: find_stragglers(v, StragglerParams(), {}),
-    "hang": lambda v: find_hang(v, HangParams()),
-    "links": lambda v: find_link_faults(v, LinkParams()),
-    "network": lambda v: find_network_bound(v, NetworkParams()),
+WINDOW_BINS = 12
+
+
+def _straggler_in_sequence(window: JobWindow, bins: range) -> list[Finding]:
+    """The straggler test is sequential: it is driven bin by bin from the first, with
+    its memory, and what it finds at the last bin is the answer."""
+    memory: dict[str, Any] = {}
+    found: list[Finding] = []
+    for last in range(bins[-1] - len(window.bins) + 1, bins[-1] + 1):
+        found = find_stragglers(WindowView(window, range(last - WINDOW_BINS + 1, last + 1)),
+                                StragglerParams(), memory)
+    return found
+
+
+DETECTORS: dict[str, Callable[[JobWindow, range], list[Finding]]] = {
+    "straggler": _straggler_in_sequence,
+    "hang": lambda w, b: find_hang(WindowView(w, b), HangParams()),
+    "links": lambda w, b: find_link_faults(WindowView(w, b), LinkParams()),
+    "network": lambda w, b: find_network_bound(WindowView(w, b), NetworkParams()),
 }
 
 
 def _samples(nodes: int, gpus: int, fault: str | None = None) -> list[dict[str, Any]]:
     job = JobSpec("j", [f"n{i}" for i in range(nodes)], gpus_per_node=gpus)
-    faults = [Fault(fault, "j", "n1", "1", START + 30)] if fault else []
-    return list(Simulator(Cluster([job], faults), START, seed=3).samples(120))
+    faults = [Fault(fault, "j", "n1", "1", START + 120)] if fault else []
+    return list(Simulator(Cluster([job], faults), START, seed=3).samples(180))
 
 
 def _mutilate(samples: list[dict[str, Any]], how: str) -> list[dict[str, Any]]:
@@ -52,18 +66,18 @@ def _mutilate(samples: list[dict[str, Any]], how: str) -> list[dict[str, Any]]:
                 else:
                     for k in list(r)[i % 2::2]:
                         del r[k]
-        elif how == "gaps" and 40 <= (s["ts"] - START) < 80:
+        elif how == "gaps" and 100 <= (s["ts"] - START) < 140:
             continue
         out.append(s)
     return out
 
 
-def _view(samples: list[dict[str, Any]]) -> WindowView:
+def _view(samples: list[dict[str, Any]]) -> tuple[JobWindow, range]:
     window = JobWindow(BIN)
     for s in samples:
         window.add(s)
     last = window.bin_of(max(s["ts"] for s in samples)) if samples else 0
-    return WindowView(window, range(last - 11, last + 1))
+    return window, range(last - WINDOW_BINS + 1, last + 1)
 
 
 CASES = {
@@ -83,8 +97,8 @@ CASES = {
 def test_detector_conformance(name: str, case: str) -> None:
     samples = CASES[case]()
     detector = DETECTORS[name]
-    first = detector(_view(samples))
-    again = detector(_view(samples))
+    first = detector(*_view(samples))
+    again = detector(*_view(samples))
     assert first == again, "a detector must be a deterministic function of its window"
     if case in ("empty", "single_gpu", "two_nodes_one_gpu", "no_metrics", "healthy"):
         assert first == [], f"{name} accused someone on {case} data"
@@ -98,7 +112,7 @@ def test_detector_conformance(name: str, case: str) -> None:
 
 def test_straggler_conformance_case_finds_the_fault() -> None:
     """The 'faulty' case above is not vacuous: the straggler detector sees it."""
-    found = DETECTORS["straggler"](_view(_samples(4, 8, "slow_gpu")))
+    found = DETECTORS["straggler"](*_view(_samples(4, 8, "slow_gpu")))
     assert [(f.node, f.gpu) for f in found] == [("n1", "1")]
 
 
@@ -110,8 +124,8 @@ def test_detectors_do_no_io(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("a detector tried to do I/O")
 
-    view = _view(_samples(4, 8, "slow_gpu"))
+    window, bins = _view(_samples(4, 8, "slow_gpu"))
     monkeypatch.setattr(builtins, "open", forbidden)
     monkeypatch.setattr(socket, "socket", forbidden)
     for detector in DETECTORS.values():
-        detector(view)
+        detector(window, bins)

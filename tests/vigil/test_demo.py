@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
-from simulator.cluster import Simulator
-from vigil.evaluation.demo import DURATION, SCHEDULE, SEED, demo_cluster, static_rules, summary
+from vigil.evaluation.demo import (
+    DURATION,
+    HISTORY,
+    SCHEDULE,
+    demo_cluster,
+    demo_simulator,
+    static_rules,
+    summary,
+)
 
 START = 1_860_000_000.0
 
@@ -16,7 +23,7 @@ def test_demo_schedule_is_detected_and_summarised() -> None:
     assert len({n for job in cluster.jobs for n in job.nodes}) == 32
     assert {job.kind for job in cluster.jobs} == {"data_parallel", "pipeline", "moe"}
     runner = ReplayRunner(DetectConfig())
-    found = [d for s in Simulator(cluster, START, seed=SEED).samples(DURATION)
+    found = [d for s in demo_simulator(cluster, START).samples(HISTORY + DURATION)
              for d in runner.feed(s)]
     static, truth = static_rules(cluster, START)
     table, missed = summary(cluster, START, found, static, truth)

@@ -40,6 +40,10 @@ from vigil.ops.kafka_admin import ensure_topics
 from vigil.views import top
 
 DURATION = 115.0
+# The jobs ran this long before the tour starts, and their agents published: Vigil
+# joins a running cluster, and its straggler test has learned each GPU's normal (the
+# history is sent at once, ahead of the real-time part).
+HISTORY = 90.0
 SEED = 7
 SETTLE = 20.0  # seconds after the simulation ends to collect the last detections
 
@@ -81,6 +85,11 @@ def demo_cluster(start: float) -> Cluster:
     return Cluster(jobs, faults)
 
 
+def demo_simulator(cluster: Cluster, start: float) -> Simulator:
+    """The tour's samples: ``HISTORY`` seconds before ``start``, then ``DURATION``."""
+    return Simulator(cluster, start - HISTORY, seed=SEED)
+
+
 def _spawn(args: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen([sys.executable, "-m", "vigil.cli", *args], env=env,
@@ -94,7 +103,7 @@ def _publish_realtime(cfg: Config, sim: Simulator, stop: threading.Event) -> Non
     pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
                          **cfg.kafka_client)
     try:
-        for sample in sim.samples(DURATION):
+        for sample in sim.samples(HISTORY + DURATION):
             delay = sample["ts"] - 1.0 - time.time()
             if delay > 0 and stop.wait(delay):
                 return
@@ -110,8 +119,8 @@ def static_rules(cluster: Cluster, start: float) -> tuple[list[dict[str, Any]], 
     """What today's static dcgm-exporter rules fire on the very same samples, and the
     simulator's truth of each job's step-time inflation (``Simulator.truth``)."""
     rules = StaticRules()
-    sim = Simulator(cluster, start, seed=SEED)
-    fired = [d for sample in sim.samples(DURATION) for d in rules.feed(sample)]
+    sim = demo_simulator(cluster, start)
+    fired = [d for sample in sim.samples(HISTORY + DURATION) for d in rules.feed(sample)]
     return fired, sim.truth
 
 
@@ -203,7 +212,7 @@ def main() -> int:
           f"VIGIL_REDIS_KEY_PREFIX={cfg.redis.key_prefix} vigil top)", flush=True)
     stop = threading.Event()
     feeder = threading.Thread(target=_publish_realtime,
-                              args=(cfg, Simulator(cluster, start, seed=SEED), stop),
+                              args=(cfg, demo_simulator(cluster, start), stop),
                               daemon=True)
     feeder.start()
     state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)

@@ -37,8 +37,15 @@ from vigil.evaluation.scenarios import Scenario
 
 START = 1_820_000_000.0
 FAULT_AT = 180.0
-TUNING_SEEDS = (1, 2)
-HELD_OUT_SEEDS = (11, 12, 13)
+# Seeds 1 and 2 were looked at while the detectors were tuned; 11-13 were the first
+# held-out set, but one constant was chosen looking at them; 21-23 were the second,
+# and one change (how load shed is told) followed their first run; 31-33 were the
+# third, and one change (the phase gate, for false alarms the fleet soak found)
+# followed theirs; 41-43 the fourth, and two more fixes the soak asked for followed
+# (a GPU's silence on its node's clock, the median GPU in the phase gate). All of
+# those count as tuning seeds now. 51-53 were first run for bench/RESULTS.md.
+TUNING_SEEDS = (1, 2, 11, 12, 13, 21, 22, 23, 31, 32, 33, 41, 42, 43)
+HELD_OUT_SEEDS = (51, 52, 53)
 SIZES = (4, 16)
 
 

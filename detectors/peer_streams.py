@@ -1,0 +1,263 @@
+"""Streams that are each compared with their peers, bin after bin: what every GPU
+(against its node) and every node (against its job) carries from one bin to the
+next for the straggler test.
+
+Each stream and metric holds a CUSUM sum of evidence (``detectors/sequential.py``)
+for a departure in the direction that a fault moves the metric, and a second sum
+the other way (load shed); what the stream has learned about its own normal (its
+offset from its peers, its own noise and how much that noise persists); and its
+bookkeeping (updates, the bin it was first seen, the bin each sum began to rise).
+The state of a stream is one flat list of floats, so a job's thousands of streams
+load into one numpy array per bin and go back to JSON as they came.
+
+How a departure is told from normal variation:
+
+- *Noise* is estimated online, per metric, two ways, and the larger is used: the
+  robust spread (MAD) of the residuals across all the level's streams in each
+  comparable bin, smoothed over a minute, never below the metric's resolution; and
+  the stream's own variance. A stream whose noise persists from bin to bin (load
+  that wanders slowly) has its noise scaled by ``√((1+ρ)/(1−ρ))``.
+- *Static differences* are learned as each stream's offset: a plain mean over its
+  first ``TRAINING_BINS`` comparable bins, which only teach and are not tested, then
+  a slow moving average while the stream is quiet. The test may cap the offset it
+  uses (GPUs: 10 % of the peers' level), so a GPU already slow when Vigil first sees
+  it is not learned as normal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from detectors.robust import MAD_TO_SIGMA, Array, nanmedian
+from detectors.sequential import Cusum
+
+OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a stream's own offset adapts
+OFFSET_WARMUP_UPDATES = 24  # plain running mean until a stream has this many updates
+TRAINING_BINS = 12  # a stream's first compared bins teach its normal; it is tested after
+NOISE_TIME_CONSTANT = 60.0  # seconds: the smoothing of the level-wide noise estimate
+VARIANCE_TIME_CONSTANT = 180.0  # seconds: a stream's own variance and autocorrelation
+VARIANCE_PRIOR = 4  # bins: a stream's own variance starts from zero with this weight
+REL_FLOOR = 0.02  # the noise floor is also this share of the peers' level of the metric
+HUBER = 2.5  # what a stream learns from one bin is clipped at this many noise units
+MAX_AUTOCORRELATION = 0.95  # the long-run noise is at most √39 ≈ 6× the per-bin noise
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """The metrics compared: names, resolution floors of their noise (their unit),
+    the direction a fault moves each (+1 up, −1 down), the index of the one whose
+    departure is a hardware signature (a lower clock: -1 if none), and how many
+    metrics must agree."""
+
+    names: tuple[str, ...]
+    floors: Array
+    direction: Array
+    signature: int
+    min_metrics: int
+
+
+@dataclass
+class Departure:
+    """One metric of a stream whose sum passed the threshold."""
+
+    metric: str
+    z: float  # this bin's departure in noise units
+    value: float
+    peer: float
+    first: int  # the bin its sum began to rise
+
+
+@dataclass
+class PeerLevel:
+    """One comparison level (GPU in node, or node in job) for the latest bin."""
+
+    keys: list[str]
+    deviation: Array  # metrics × streams: departure from the peers' median
+    valid: NDArray[np.bool_]  # metrics × streams: enough peers, a reading
+    peer_level: Array  # metrics × streams: the peers' median (for caps and texts)
+    cap: float  # the test uses offsets up to this share of the peers' level (inf: all)
+    # residuals measured from their own median: the reference is then the peers'
+    # typical level *after* their offsets, which a peer leaving (a silent node, a
+    # shrinking job) barely moves, where the plain median of unlike peers (pipeline
+    # stages) jumps
+    recenter: bool = False
+
+
+@dataclass
+class Outcome:
+    """What one bin decided for a level: ``found`` (streams whose sums passed the
+    threshold on ``min_metrics`` metrics or more), ``departed`` (on one metric at
+    least, not the signature one) and ``shed`` (less busy than their own normal, half
+    the threshold on ``min_metrics`` metrics)."""
+
+    found: dict[str, list[Departure]]
+    departed: set[str]
+    shed: set[str]
+
+# A stream's state, one flat list (JSON-able, in the engine's persisted state): per
+# metric, seven fields (sums of evidence, the bins where each began to rise, offsets,
+# own variances, lag-1 covariances, last residuals, sums of evidence the other way:
+# load shed); then two per stream (updates learned, the bin it was first seen).
+SUM, RISE, OFF, VAR, COV, PREV, SHED = range(7)
+_FIELDS = 7
+_FRESH_FIELDS = (0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def _fresh(metrics: int) -> list[float]:
+    return [v for v in _FRESH_FIELDS for _ in range(metrics)] + [0.0, -1.0]
+
+
+def advance(level: PeerLevel, spec: MetricSpec, test: Cusum, comparable: bool, last: int,
+            bin_seconds: float, streams: dict[str, list[float]],
+            noise: dict[str, list[float | None]]) -> Outcome:
+    """Advance every stream of one level by the latest bin (``comparable``: the job is
+    in a phase where peers are compared; otherwise the sums hold and nothing is
+    learned). Streams of keys no longer in the level are forgotten."""
+    keep = set(level.keys)
+    for key in [k for k in streams if k not in keep]:
+        del streams[key]
+    if not level.keys:
+        return Outcome({}, set(), set())
+    m = len(spec.names)
+    fresh = _fresh(m)
+    rows = np.array([streams.get(k, fresh) for k in level.keys])  # streams × fields
+    f = rows[:, :_FIELDS * m].reshape(len(level.keys), _FIELDS, m).transpose(1, 2, 0)
+    count = np.asarray(rows[:, -2], dtype=np.float64)
+    born = np.asarray(rows[:, -1], dtype=np.float64)
+    before = f[SUM].copy()
+    departure = np.where(level.valid, level.deviation - f[OFF], np.nan)
+    offset = f[OFF]
+    beyond = np.zeros(len(level.keys), dtype=bool)  # learned further off than the cap
+    if np.isfinite(level.cap):
+        bound = level.cap * np.abs(np.nan_to_num(level.peer_level))
+        offset = np.clip(offset, -bound, bound)
+        beyond = np.any(np.abs(f[OFF]) > bound, axis=0)
+    training: NDArray[np.bool_] = count < TRAINING_BINS  # not known yet: not tested
+    residual = np.where(level.valid & ~training, level.deviation - offset, np.nan)
+    if level.recenter:  # the peers' reference after their own offsets
+        residual = residual - np.expand_dims(nanmedian(residual, axis=1), 1)
+    job_sigma = _noise(residual, level.peer_level, spec, comparable, bin_seconds,
+                       noise)[:, None]
+    base = np.fmax(job_sigma, np.sqrt(f[VAR]))
+    scale = base * _persistence(f)
+    # load shed is judged against the stream's whole learned normal (uncapped): a GPU
+    # that carried hot experts from the start and has lost them
+    below = np.where(training, np.nan, departure) / scale
+    z = residual / scale
+    if not comparable:  # the sums hold
+        z = below = np.full(residual.shape, np.nan)
+    toward = spec.direction[:, None]
+    f[SUM] = test.step(before, toward * z)
+    f[SHED] = test.step(f[SHED], -toward * below)
+    born = np.where(born < 0, last, born)
+    # a stream that was already beyond the cap while it trained holds a fault older
+    # than its training: that fault is dated from the stream's first bin
+    start = np.where((count == TRAINING_BINS) & beyond, born, last)
+    f[RISE] = np.where(f[SUM] <= 0, -1.0, np.where(before <= 0, start, f[RISE]))
+    if comparable:
+        first = count == 0  # its first bin sets its offset
+        evidence = np.max(before, axis=0)
+        count = _learn(f, count, level, np.where(first, departure, np.clip(
+            departure, -HUBER * job_sigma, HUBER * job_sigma)),
+            training | (evidence <= 2 * test.k), evidence < test.h / 2, bin_seconds)
+    rows = np.concatenate([f.transpose(2, 0, 1).reshape(len(level.keys), -1),
+                           count[:, None], born[:, None]], axis=1)
+    for key, row in zip(level.keys, rows.tolist(), strict=True):
+        streams[key] = row
+    return _outcome(level, spec, test, f, z)
+
+
+def _outcome(level: PeerLevel, spec: MetricSpec, test: Cusum, f: Array,
+             z: Array) -> Outcome:
+    found: dict[str, list[Departure]] = {}
+    flagged = f[SUM] >= test.h
+    for e in np.nonzero(np.sum(flagged, axis=0) >= spec.min_metrics)[0]:
+        found[level.keys[e]] = [
+            Departure(spec.names[m], float(z[m, e]),
+                      float(level.peer_level[m, e] + level.deviation[m, e]),
+                      float(level.peer_level[m, e]), int(f[RISE][m, e]))
+            for m in np.nonzero(flagged[:, e])[0]]
+    departed = np.any(flagged, axis=0)
+    if spec.signature >= 0:
+        departed &= ~flagged[spec.signature]
+    # load leaving a stream is told at half the threshold, on ``min_metrics`` metrics:
+    # a moving expert sheds as fast as the next GPU takes it up, and the shed must be
+    # seen by the time the taker's sums pass the threshold
+    shed = np.sum(f[SHED] >= test.h / 2, axis=0) >= spec.min_metrics
+    return Outcome(found, {level.keys[e] for e in np.nonzero(departed)[0]},
+                   {level.keys[e] for e in np.nonzero(shed)[0]})
+
+
+def _noise(residual: Array, peer_level: Array, spec: MetricSpec, comparable: bool,
+           bin_seconds: float, noise: dict[str, list[float | None]]) -> Array:
+    """Each metric's noise across the level: the robust spread of the residuals
+    across streams, smoothed over comparable bins, floored by the metric's
+    resolution."""
+    with np.errstate(invalid="ignore"):
+        level = np.abs(nanmedian(peer_level, axis=1))
+    floor = np.fmax(spec.floors, REL_FLOOR * np.nan_to_num(level))
+    spread = nanmedian(np.abs(residual - nanmedian(residual, axis=1)[:, None]),
+                       axis=1) * MAD_TO_SIGMA
+    known = np.array([np.nan if v is None else v
+                      for v in noise.get("sigma", [None] * len(spec.names))])
+    if comparable:
+        a = min(1.0, bin_seconds / NOISE_TIME_CONSTANT)
+        known = np.where(np.isnan(known), spread,
+                         np.where(np.isnan(spread), known, known + a * (spread - known)))
+        noise["sigma"] = [None if np.isnan(v) else float(v) for v in known]
+    return np.fmax(np.nan_to_num(known), floor)
+
+
+def _persistence(f: Array) -> Array:
+    """How much a stream's noise persists from bin to bin: ``√((1+ρ)/(1−ρ))`` for its
+    lag-1 autocorrelation ρ (the long-run standard deviation over the per-bin one).
+    Load that wanders slowly (a node's share of rotating MoE experts) moves a
+    stream for many bins in a row; summed, that looks like a shift unless its noise
+    is counted at the scale on which it persists."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.clip(np.nan_to_num(f[COV] / f[VAR]), 0.0, MAX_AUTOCORRELATION)
+    return np.asarray(np.sqrt((1 + rho) / (1 - rho)), dtype=np.float64)
+
+
+def _learn(f: Array, count: Array, level: PeerLevel, residual: Array, quiet: Array,
+           calm: Array, bin_seconds: float) -> Array:
+    """What a stream learns from this bin; returns the new update counts.
+
+    - Its *offset* moves towards its departure while it is ``quiet`` (its sums held
+      no more than one bin of modest evidence before this bin: judged on the past
+      only, so the choice does not bias what is learned), and always while it
+      trains: a plain mean over its first updates, then a slow moving average. A
+      small fault keeps the sums up, so it is not learned as normal. The offset is
+      not capped here (the noise is about the stream's true mean); the test caps it.
+    - Its own *variance* moves while it is ``calm`` (sums under half the threshold),
+      once it has trained: a fault during training would read as noise. The looser
+      condition lets bursts of legitimate variation (a hot expert that sits on a GPU
+      for a few bins, a reading the agent held) into the estimate, which the strict
+      one would leave out. Its lag-1 *covariance* moves only while it is quiet: a
+      small shift, summed for a few bins, would read as noise that persists.
+
+    ``residual`` comes clipped at ``HUBER`` level-wide noise units (a Huber
+    estimate): the first bins of a fault barely move what was learned, and a
+    stream's own noise can never exceed ``HUBER`` times the level's.
+    """
+    learn = quiet & np.any(level.valid, axis=0)
+    new_count = np.where(learn, count + 1, count)
+    a = np.where(new_count <= OFFSET_WARMUP_UPDATES, 1.0 / np.maximum(new_count, 1),
+                 min(1.0, bin_seconds / OFFSET_TIME_CONSTANT))
+    moved = f[OFF] + a * np.where(level.valid, np.nan_to_num(residual), 0.0)
+    known = calm & ~np.isnan(residual) & (count >= TRAINING_BINS)  # once trained
+    now = np.where(known, residual, 0.0)
+    # a plain mean that starts from a prior of zero worth ``VARIANCE_PRIOR`` bins (the
+    # level-wide noise stands in meanwhile), then a moving average
+    b = np.fmax(1.0 / np.maximum(new_count - TRAINING_BINS + VARIANCE_PRIOR, 1),
+                min(1.0, bin_seconds / VARIANCE_TIME_CONSTANT))
+    spread = f[VAR] + b * (now ** 2 - f[VAR])
+    lagged = f[COV] + b * (now * f[PREV] - f[COV])
+    f[OFF] = np.where(learn, moved, f[OFF])
+    f[VAR] = np.where(known, spread, f[VAR])
+    f[COV] = np.where(known & quiet, lagged, f[COV])
+    f[PREV] = now
+    return np.asarray(new_count, dtype=np.float64)

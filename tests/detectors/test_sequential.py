@@ -1,0 +1,94 @@
+"""The straggler test's CUSUM: its threshold follows the false-alarm rate, its false
+alarms on noise stay at that rate, and a larger fault is never found later."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts.config import DetectConfig
+from detectors.engine import ReplayRunner
+from detectors.sequential import Cusum, siegmund_arl, threshold_for_arl
+from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
+
+T0 = 1_870_500_000.0
+
+
+def _first_alarm(test: Cusum, z: np.ndarray) -> int | None:
+    total = np.zeros(1)
+    for t, value in enumerate(z):
+        total = test.step(total, np.array([value]))
+        if total[0] >= test.h:
+            return t
+    return None
+
+
+def test_the_threshold_inverts_siegmunds_run_length() -> None:
+    for k in (0.25, 0.5, 1.0):
+        for arl in (100.0, 1e4, 1e7):
+            assert siegmund_arl(threshold_for_arl(arl, k), k) == pytest.approx(arl, rel=1e-6)
+
+
+def test_a_higher_false_alarm_rate_lowers_the_threshold() -> None:
+    strict, loose = Cusum.for_rate(0.1, 5.0), Cusum.for_rate(100.0, 5.0)
+    assert loose.h < strict.h
+    with pytest.raises(ValueError):
+        Cusum.for_rate(0.0, 5.0)
+
+
+def test_false_alarms_on_gaussian_noise_stay_at_the_target_rate() -> None:
+    """Monte Carlo: a test set for one false alarm per 2,000 bins, on 400 streams of
+    1,000 bins of unit Gaussian noise (a stream restarts after each alarm): 400,000
+    bins. Siegmund's approximation is conservative for the clipped test, so the count
+    stays near or under 200."""
+    test = Cusum(k=0.5, h=threshold_for_arl(2000.0, 0.5))
+    z = np.random.default_rng(7).standard_normal((1000, 400))
+    total, alarms = np.zeros(400), 0
+    for bin_z in z:
+        total = test.step(total, bin_z)
+        fired = total >= test.h
+        alarms += int(np.sum(fired))
+        total[fired] = 0.0
+    assert 100 <= alarms <= 260, alarms
+
+
+def test_one_glitched_bin_never_fires_alone_and_two_large_ones_always_do() -> None:
+    test = Cusum.for_rate(1.0, 5.0)
+    assert _first_alarm(test, np.array([1e9, 0.0, 0.0])) is None
+    assert _first_alarm(test, np.array([1e9, 1e9])) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(noise=st.lists(st.floats(-4, 4), min_size=5, max_size=80),
+       onset=st.integers(0, 40), small=st.floats(0.0, 6.0), extra=st.floats(0.0, 10.0))
+def test_a_larger_shift_is_never_found_later(noise: list[float], onset: int, small: float,
+                                             extra: float) -> None:
+    test = Cusum.for_rate(1.0, 5.0)
+    base = np.array(noise)
+    step = (np.arange(len(base)) >= onset).astype(float)
+    later = _first_alarm(test, base + small * step)
+    sooner = _first_alarm(test, base + (small + extra) * step)
+    if later is not None:
+        assert sooner is not None and sooner <= later
+
+
+def test_a_larger_slowdown_is_never_detected_later_end_to_end() -> None:
+    """The same job, noise and onset, GPU slowdowns from 8 % to 60 % with no clock or
+    flag: the detection time never grows with the slowdown, and the large ones are
+    found within 10 s."""
+    delays = []
+    for severity in (1.08, 1.12, 1.25, 1.4, 1.6):
+        job = JobSpec("j", [f"n{i}" for i in range(4)],
+                      events=[Event("warmup", T0, T0 + 30)])
+        fault = Fault("slow_gpu_quiet", "j", "n2", "5", T0 + 200, severity=severity)
+        runner = ReplayRunner(DetectConfig())
+        found = [d["detected_at"] - fault.start
+                 for s in Simulator(Cluster([job], [fault]), T0, seed=4).samples(420)
+                 for d in runner.feed(s) if d["state"] == "firing"
+                 and (d["node"], d["gpu"]) == ("n2", "5")]
+        assert found, severity
+        delays.append(found[0])
+    assert delays == sorted(delays, reverse=True), delays
+    assert delays[-1] <= 10 and delays[-2] <= 10, delays

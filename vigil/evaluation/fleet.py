@@ -1,0 +1,93 @@
+"""A healthy fleet for the false-alarm soak (issue #14): jobs of every kind and size
+that nobody faults, with the life a real fleet has (warm-up, checkpoints,
+evaluations, MoE load that moves, static GPU differences, a lossy node, skewed and
+drifting clocks). Every detection that fires on it is a false alarm.
+
+The rate is reported per 1,000 GPU-days with its one-sided 95 % Poisson upper bound:
+zero alarms in E GPU-days bounds the rate below ``3.0 / E`` (``-ln 0.05``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from simulator.cluster import Cluster, Event, JobSpec
+
+SIZES = (2, 4, 8, 16, 32, 64)
+KINDS = ("data_parallel", "pipeline", "moe_classic", "moe_rotating", "moe_dwell")
+
+
+@dataclass(frozen=True)
+class FleetJob:
+    """One healthy job of the soak: its cluster and how long it runs."""
+
+    name: str
+    cluster: Cluster
+    seconds: float
+
+    @property
+    def gpu_hours(self) -> float:
+        job = self.cluster.jobs[0]
+        return len(job.nodes) * job.gpus_per_node * self.seconds / 3600.0
+
+
+def _events(start: float, seconds: float, rng: random.Random) -> list[Event]:
+    """Warm-up, then a checkpoint every 8-15 minutes and an evaluation every 20-40."""
+    events = [Event("warmup", start, start + rng.uniform(20, 60))]
+    t = start + rng.uniform(300, 900)
+    while t < start + seconds:
+        events.append(Event("checkpoint", t, t + rng.uniform(10, 40)))
+        t += rng.uniform(480, 900)
+    t = start + rng.uniform(900, 2400)
+    while t < start + seconds:
+        events.append(Event("eval", t, t + rng.uniform(30, 120)))
+        t += rng.uniform(1200, 2400)
+    return sorted(events, key=lambda e: e.start)
+
+
+def fleet_job(index: int, start: float, seconds: float, seed: int) -> FleetJob:
+    """The ``index``-th job of the fleet: kind, size and impairments drawn from
+    ``seed`` and ``index`` (the same job every time)."""
+    rng = random.Random(f"fleet-{seed}-{index}")
+    kind = KINDS[index % len(KINDS)]
+    nodes = rng.choice(SIZES)
+    name = f"fleet-{seed}-{index:04d}-{kind}-{nodes}n"
+    spec: dict[str, object] = {"heterogeneity": rng.choice((0.0, 0.01, 0.03))}
+    if kind.startswith("moe"):
+        spec["comm_seconds"] = rng.choice((0.2, 0.8))  # compute- or network-bound
+        if kind == "moe_rotating":
+            spec["moe_rotation_seconds"] = rng.uniform(60, 180)
+        elif kind == "moe_dwell":
+            spec["moe_dwell_seconds"] = rng.uniform(60, 180)
+    job = JobSpec(name, [f"{name}-n{i:03d}" for i in range(nodes)],
+                  kind="moe" if kind.startswith("moe") else kind,
+                  events=_events(start, seconds, rng), **spec)  # type: ignore[arg-type]
+    impairments: dict[str, object] = {}
+    if rng.random() < 0.3:
+        impairments["node_loss"] = {rng.choice(job.nodes): 0.4}
+    if nodes >= 3 and rng.random() < 0.3:
+        ahead, drifting = rng.sample(job.nodes, 2)
+        impairments["offsets"] = {ahead: rng.choice((-30.0, 30.0))}
+        impairments["drift"] = {drifting: rng.uniform(-60, 60)}
+    cluster = Cluster([job], skew_seconds=3.0, loss=0.01, reorder_seconds=2.0,
+                      **impairments)  # type: ignore[arg-type]
+    return FleetJob(name, cluster, seconds)
+
+
+def poisson_upper(observed: int, confidence: float = 0.95) -> float:
+    """One-sided upper confidence bound of a Poisson mean, having seen ``observed``
+    events: the mean at which seeing that few has probability ``1 − confidence``."""
+    def cdf(mean: float) -> float:
+        term = total = math.exp(-mean)
+        for k in range(1, observed + 1):
+            term *= mean / k
+            total += term
+        return total
+
+    low, high = 0.0, max(1.0, 2.0 * observed + 10.0)
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) > 1 - confidence else (low, mid)
+    return high
