@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from pathlib import Path
 
 import faust
@@ -13,6 +15,30 @@ from streams.app import build_app
 from streams.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+EXIT_STOP_DEADLINE = 3  # the exit status of a worker that had to be stopped hard
+
+
+def _exit_hard(deadline: float) -> None:
+    log.error("the worker did not stop within %.0f s of the stop signal; exiting now. "
+              "Nothing is lost: its partitions restart from the last committed offset "
+              "and checkpoint, and detections since then may be sent again", deadline)
+    logging.shutdown()
+    os._exit(EXIT_STOP_DEADLINE)
+
+
+class _DeadlinedWorker(faust.Worker):
+    """Faust's worker with a stop deadline. Faust's shutdown can hang for good (faust
+    issue 484; seen here when two workers stop together mid-rebalance), and an
+    orchestrator would then kill it without a word after its grace period. Past
+    ``stop_seconds`` this worker says why and exits non-zero itself."""
+
+    stop_seconds: float = 25.0
+
+    async def on_stop(self) -> None:
+        timer = threading.Timer(self.stop_seconds, _exit_hard, args=(self.stop_seconds,))
+        timer.daemon = True  # a clean stop ends the process before it fires
+        timer.start()
+        await super().on_stop()
 
 
 def run_worker(cfg: Config, replication_factor: int = 1) -> int:
@@ -28,6 +54,7 @@ def run_worker(cfg: Config, replication_factor: int = 1) -> int:
                  cfg.worker.web_port)
     app = build_app(cfg, metrics, replication_factor)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-    worker = faust.Worker(app, loglevel=level, quiet=True)
+    worker = _DeadlinedWorker(app, loglevel=level, quiet=True)
+    worker.stop_seconds = cfg.worker.stop_seconds
     worker.execute_from_commandline()
     return 0
