@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,12 +41,19 @@ from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil.ops.kafka_admin import ensure_topics
 
 START = 1_860_000_000.0
+# the straggler test first learns each GPU's normal (detectors/peer_streams.py): the
+# fault starts after that, and a run must last long enough past it to find it
+FAULT_AFTER = 90.0
+# the mixed trace: 12 jobs of 2 to 16 nodes (96 nodes)
+MIXED_SIZES = (2, 16, 4, 12, 6, 8, 3, 10, 14, 5, 8, 8)
 
 
-def _cluster(nodes: int) -> Cluster:
-    jobs = [JobSpec(f"job-{j:04d}", [f"n{j:04d}-{i}" for i in range(8)])
-            for j in range(max(1, nodes // 8))]
-    return Cluster(jobs, [Fault("slow_gpu", j.name, j.nodes[1], "2", START + 20) for j in jobs])
+def _cluster(nodes: int, mixed: bool = False) -> Cluster:
+    sizes = MIXED_SIZES if mixed else [8] * max(1, nodes // 8)
+    jobs = [JobSpec(f"job-{j:04d}", [f"n{j:04d}-{i}" for i in range(size)])
+            for j, size in enumerate(sizes)]
+    return Cluster(jobs, [Fault("slow_gpu", j.name, j.nodes[1], "2", START + FAULT_AFTER)
+                          for j in jobs])
 
 
 async def _bare(bootstrap: str, topic: str, expected: int) -> float:
@@ -124,7 +132,13 @@ def _metric(port: int, name: str, **labels: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=256)
-    parser.add_argument("--seconds", type=int, default=80)
+    parser.add_argument("--seconds", type=int, default=150)
+    parser.add_argument("--mixed", action="store_true",
+                        help="12 jobs of 2 to 16 nodes instead of 8-node jobs")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time a no-op Faust agent draining the same topic")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="run each worker under py-spy; raw stacks go to DIR")
     parser.add_argument("--port", type=int, default=16066)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--live", type=float, default=0.0,
@@ -140,20 +154,26 @@ def main() -> int:
     ports = [args.port + i for i in range(args.workers)]
     if args.live:
         return _live(cfg, env, topic, ports[0], args)
-    cluster = _cluster(args.nodes)
+    cluster = _cluster(args.nodes, args.mixed)
     pub = KafkaPublisher(cfg.kafka_bootstrap, topic)
     for sample in Simulator(cluster, START, seed=1).samples(args.seconds):
         pub.publish(sample)
     pub.close()
     total = pub.sent
     bare = asyncio.run(_bare(cfg.kafka_bootstrap, topic, total))
+    floor = _faust_floor(env, topic, total) if args.floor else 0.0
     # All workers start together. Rebalances while they join re-deliver uncommitted
     # messages (extra work; the offset guard skips them, so each sample is counted
     # once), so the run ends only when every job was detected and every sample
     # processed; the rate counts unique messages: it errs low, never high.
     logs = Path(cfg.worker.data_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    workers = [subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker"],
+    profiler = [] if not args.profile else [
+        str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
+        "--rate", "200", "--nonblocking", "-o"]
+    workers = [subprocess.Popen([*profiler, *([f"{args.profile}/worker-{port}.txt", "--"]
+                                              if profiler else []),
+                                 sys.executable, "-m", "vigil.cli", "worker"],
                                 env=dict(env, VIGIL_WORKER_WEB_PORT=str(port)),
                                 stdout=(logs / f"worker-{port}.log").open("ab"),
                                 stderr=subprocess.STDOUT)
@@ -188,14 +208,18 @@ def main() -> int:
                    for outcome in ("replayed", "gap", "refetch", "lost_to_retention")}
     finally:
         for w in workers:
-            w.terminate()
+            w.send_signal(signal.SIGINT if profiler else signal.SIGTERM)
         for w in workers:
             w.wait(timeout=60)
     print(f"{args.workers} worker(s)")
-    print(f"{total} node-samples ({total * 8} GPU-samples), {max(1, args.nodes // 8)} jobs")
+    print(f"{total} node-samples ({total * 8} GPU-samples), {len(cluster.jobs)} jobs of "
+          f"{', '.join(str(len(j.nodes)) for j in cluster.jobs)} nodes")
     print(f"bare aiokafka consumer : {bare:8.0f} node-messages/s")
+    if floor:
+        print(f"no-op Faust agent      : {floor:8.0f} node-messages/s")
     print(f"vigil worker end to end: {rate:8.0f} node-messages/s "
-          f"({rate * 8:.0f} GPU-samples/s), {rate / bare:.0%} of bare")
+          f"({rate * 8:.0f} GPU-samples/s), {rate / bare:.0%} of bare"
+          + (f", {rate / floor:.0%} of the no-op Faust agent" if floor else ""))
     print(f"detections published   : {detections:.0f} (jobs: {len(cluster.jobs)}; "
           f"samples processed {done:.0f} of {total}, a sample processed by two workers "
           "around a rebalance counts twice)")
@@ -206,6 +230,19 @@ def main() -> int:
     print(f"group committed {committed} of {ends} samples offsets; jobs with a firing "
           f"detection on the topic: {len(jobs)} of {len(cluster.jobs)}")
     return 0
+
+
+def _faust_floor(env: dict[str, str], topic: str, total: int) -> float:
+    """What a no-op Faust agent, configured like the worker, drains from ``topic`` (in a
+    process of its own: Faust's worker ends its process)."""
+    out = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_worker_parts.py"),
+                          "faust-floor", "--topic", topic, "--total", str(total)],
+                         env=env, capture_output=True, text=True, timeout=900, check=False)
+    # Faust's worker sends what the process prints through its logging (to stderr)
+    for line in (out.stdout + out.stderr).splitlines():
+        if "faust floor" in line:
+            return float(line.split("faust floor")[1].split(":")[1].split()[0].replace(",", ""))
+    raise RuntimeError("the Faust floor run printed no rate:\n" + out.stdout + out.stderr)
 
 
 def _live(cfg: Any, env: dict[str, str], topic: str, port: int,

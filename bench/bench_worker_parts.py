@@ -31,7 +31,7 @@ from contracts.codec import encode_sample
 from contracts.config import load
 from simulator.cluster import Simulator
 
-NODES, SECONDS, BATCH = 256, 80, 500
+NODES, SECONDS, BATCH = 256, 150, 500
 
 
 def compute() -> None:
@@ -58,8 +58,9 @@ def compute() -> None:
           f"({spent / len(raw) * 1e6:.0f} µs each)")
 
 
-def faust_floor(bypass: bool = False) -> None:
-    """A no-op Faust agent over a pre-loaded samples topic.
+def faust_floor(bypass: bool = False, topic: str = "", total: int = 0) -> None:
+    """A no-op Faust agent over a pre-loaded samples topic (``topic`` holding ``total``
+    samples, else one published here).
 
     With ``bypass`` the consumer's per-message callback is replaced, for the samples
     topic, by one that only counts: what is left is Faust's fetch-and-drain loop, the
@@ -71,14 +72,16 @@ def faust_floor(bypass: bool = False) -> None:
     from vigil.ops.kafka_admin import ensure_topics
 
     tag = uuid.uuid4().hex[:6]
-    cfg = load(env={"VIGIL_KAFKA_TOPIC_PREFIX": f"floor{tag}."})
-    ensure_topics(cfg)
-    name = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
-    pub = KafkaPublisher(cfg.kafka_bootstrap, name)
-    for sample in Simulator(_cluster(NODES), START, seed=1).samples(SECONDS):
-        pub.publish(sample)
-    pub.close()
-    total = pub.sent
+    cfg = load(env=dict(os.environ, VIGIL_KAFKA_TOPIC_PREFIX=f"floor{tag}."))
+    name = topic
+    if not topic:
+        ensure_topics(cfg)
+        name = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
+        pub = KafkaPublisher(cfg.kafka_bootstrap, name)
+        for sample in Simulator(_cluster(NODES), START, seed=1).samples(SECONDS):
+            pub.publish(sample)
+        pub.close()
+        total = pub.sent
     app = faust.App(f"floor-{tag}", broker=f"kafka://{cfg.kafka_bootstrap}", store="memory://",
                     datadir=f".vigil/bench-floor-{tag}", consumer_auto_offset_reset="earliest",
                     web_enabled=False, producer_acks=-1,
@@ -96,14 +99,14 @@ def faust_floor(bypass: bool = False) -> None:
         if seen["n"] < total:
             return False
         rate = (seen["n"] - BATCH) / max(1e-9, seen["last"] - seen["first"])
-        print(f"faust floor ({label}): {rate:,.0f} node-messages/s")
+        print(f"faust floor ({label}): {rate:,.0f} node-messages/s", flush=True)
         return True
 
     @app.agent(samples, concurrency=1)
     async def count(stream: Any) -> None:
         async for events in stream.take_events(BATCH, within=0.5):
             if count_batch(len(events)):
-                await app.stop()
+                os._exit(0)  # the rate is printed; Faust's shutdown adds nothing to it
 
     if bypass:
         original = app.consumer.callback
@@ -130,8 +133,10 @@ def faust_floor(bypass: bool = False) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("what", choices=["compute", "faust-floor", "faust-drain"])
-    what = parser.parse_args().what
-    if what == "compute":
+    parser.add_argument("--topic", default="", help="drain this pre-loaded topic")
+    parser.add_argument("--total", type=int, default=0, help="samples it holds")
+    args = parser.parse_args()
+    if args.what == "compute":
         compute()
     else:
-        faust_floor(bypass=what == "faust-drain")
+        faust_floor(args.what == "faust-drain", args.topic, args.total)

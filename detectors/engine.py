@@ -44,7 +44,9 @@ class JobEngine:
         self.job = job
         self.cfg = cfg
         self.window = JobWindow(cfg.bin_seconds, state.get("window"), WINDOW_GPU, WINDOW_NIC)
-        self.held = HeldReadings(cfg.held_seconds, state.get("held"))
+        # held values are in the window's metric order: kept only with its window
+        self.held = HeldReadings(cfg.held_seconds,
+                                 state.get("held") if self.window.restored else None)
         self.tracker = IncidentTracker(job, cfg.fire_after, cfg.resolve_after,
                                        state.get("incidents"))
         self.health = HealthMonitor(HealthParams(cfg.throttle_seconds, cfg.missing_gpu_seconds,
@@ -118,6 +120,7 @@ class JobEngine:
         if self.next_bin >= closed:
             return out
         while self.next_bin < closed:
+            self.window.seal(self.next_bin)  # closed: no sample enters it any more
             out.extend(self._evaluate(self.next_bin))
             self.next_bin += 1
         self.window.drop_before(self.next_bin - self.window_bins)
@@ -129,14 +132,9 @@ class JobEngine:
         reading): what the live view draws."""
         if self.next_bin is None:
             return {}
-        nodes = self.window.bins.get(str(self.next_bin - 1), {})
-        out: dict[str, list[float | None]] = {}
-        for node, data in nodes.items():
-            for gpu, readings in data["g"].items():
-                out[f"{node}/{gpu}"] = [
-                    round(pair[0] / pair[1], 4) if (pair := readings.get(m)) else None
-                    for m in metrics]
-        return out
+        means = self.window.means("g", self.next_bin - 1, metrics)
+        return {f"{node}/{gpu}": [None if v is None else round(v, 4) for v in values]
+                for (node, gpu), values in means.items()}
 
     def findings(self, last_bin: int) -> list[Finding]:
         """Every detector's findings for the window ending with ``last_bin``."""

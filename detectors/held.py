@@ -15,28 +15,75 @@ monitor exactly as sent, so one XID is never repeated.
 
 from __future__ import annotations
 
-# node → section ("g" GPUs, "n" NICs) → device → metric → [value, event time]
-HeldState = dict[str, dict[str, dict[str, dict[str, list[float]]]]]
+from typing import Any
+
+HELD_LAYOUT = 2  # the layout of the state below; a checkpoint in another starts empty
+# one device: [values, times, newest]: the last published value of each window metric
+# and its event time (None: none held), in the window's metric order, and the newest
+# of those times
+DeviceHeld = list[Any]
+HeldState = dict[str, dict[str, dict[str, DeviceHeld]]]  # node → "g"|"n" → device
 
 
 class HeldReadings:
-    """Last published window metrics per node and device; JSON-able for the table."""
+    """Last published window metrics per node and device; JSON-able for the table.
 
-    def __init__(self, hold_seconds: float, state: HeldState | None = None) -> None:
+    A sample carrying every window metric (what a full-rate agent sends) replaces its
+    device's values whole, in O(1) (the values list is shared with the window and
+    never changed in place); only a sample lacking some takes the per-metric path.
+    """
+
+    def __init__(self, hold_seconds: float, state: dict[str, Any] | None = None) -> None:
         self.hold_seconds = hold_seconds
-        self.state: HeldState = state if state is not None else {}
+        state = state or {}
+        self.state: HeldState = state.get("nodes", {}) \
+            if state.get("layout") == HELD_LAYOUT else {}
 
-    def to_state(self) -> HeldState:
+    def to_state(self) -> dict[str, Any]:
         """The held values, for a checkpoint."""
-        return self.state
+        return {"layout": HELD_LAYOUT, "nodes": self.state}
 
-    def node(self, node: str) -> dict[str, dict[str, dict[str, list[float]]]]:
+    def node(self, node: str) -> dict[str, dict[str, DeviceHeld]]:
         """The held values of one node (created empty): ``JobWindow.add`` reads and
         updates them while it folds the node's sample in."""
         mine = self.state.get(node)
         if mine is None:
             mine = self.state[node] = {"g": {}, "n": {}}
         return mine
+
+    @staticmethod
+    def remember(kept: dict[str, DeviceHeld], dev: str, values: list[float | None],
+                 ts: float) -> None:
+        """``dev`` published every metric (``values``) at ``ts``: hold them where newer."""
+        mine = kept.get(dev)
+        if mine is None or ts >= mine[2]:  # newer than anything held: replace whole
+            kept[dev] = [values, [ts] * len(values), ts]
+            return
+        held, times = list(mine[0]), list(mine[1])  # a late sample: where it is newer
+        for i, value in enumerate(values):
+            if times[i] is None or ts >= times[i]:
+                held[i], times[i] = value, ts
+        kept[dev] = [held, times, mine[2]]
+
+    def fill(self, kept: dict[str, DeviceHeld], dev: str, metrics: tuple[str, ...],
+             readings: dict[str, float], ts: float) -> list[float | None]:
+        """``dev``'s values of ``metrics`` at ``ts``: its readings, else a value held at
+        most ``hold_seconds`` (None: no reading); its readings are remembered."""
+        mine = kept.get(dev)
+        held = list(mine[0]) if mine is not None else [None] * len(metrics)
+        times = list(mine[1]) if mine is not None else [None] * len(metrics)
+        out: list[float | None] = []
+        for i, name in enumerate(metrics):
+            value = readings.get(name)
+            at = times[i]
+            if value is None:
+                if at is not None and 0.0 <= ts - at <= self.hold_seconds:
+                    value = held[i]
+            elif at is None or ts >= at:
+                held[i], times[i] = value, ts
+            out.append(value)
+        kept[dev] = [held, times, ts if mine is None else max(mine[2], ts)]
+        return out
 
     def forget_before(self, ts: float) -> None:
         """Drop values published before ``ts`` (they can no longer be held), and the
@@ -45,10 +92,14 @@ class HeldReadings:
             sections = self.state[node]
             for devices in sections.values():
                 for dev in list(devices):
-                    held = devices[dev]
-                    for name in [n for n, (_, at) in held.items() if at < ts]:
-                        del held[name]
-                    if not held:
+                    held, times, newest = devices[dev]
+                    if newest < ts:
                         del devices[dev]
+                    elif any(at is not None and at < ts for at in times):
+                        keep = [at is not None and at >= ts for at in times]
+                        devices[dev] = [
+                            [v if k else None for v, k in zip(held, keep, strict=True)],
+                            [at if k else None for at, k in zip(times, keep, strict=True)],
+                            newest]
             if not any(sections.values()):
                 del self.state[node]

@@ -17,13 +17,18 @@ def nanmedian(values: Array, axis: int) -> Array:
     """Median ignoring NaN along ``axis``; all-NaN slices give NaN.
 
     Sort-based (NaN sorts last): numpy's own ``nanmedian`` goes through masked
-    arrays for small inputs and costs ~100x more on the detectors' peer groups.
+    arrays for small inputs and costs ~100x more on the detectors' peer groups, and
+    even ``np.median`` spends ~20 µs a call in Python around its partition.
     """
     values = np.asarray(values, dtype=np.float64)
     if values.shape[axis] == 0:
         return np.full(np.delete(values.shape, axis), np.nan)
-    if not np.isnan(values).any():
-        return np.asarray(np.median(values, axis=axis), dtype=np.float64)
+    if not np.isnan(values).any():  # the usual case: the two middle values of a sort
+        ordered = np.sort(values, axis=axis)
+        n = values.shape[axis]
+        # the same arithmetic as np.median ((a + b) / 2), at a tenth of its overhead
+        return (np.take(ordered, (n - 1) // 2, axis=axis)
+                + np.take(ordered, n // 2, axis=axis)) / 2
     ordered = np.sort(values, axis=axis)
     count = np.sum(~np.isnan(ordered), axis=axis, keepdims=True)
     low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0), axis=axis)

@@ -8,6 +8,7 @@ dict that a Faust table can changelog. Absent readings stay absent (NaN), never 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -29,9 +30,57 @@ BIN_MAX_METRICS = frozenset({"pcie_gen", "pcie_width", "ib_rate"})
 Entity = tuple[str, str]  # (node, gpu index or NIC name)
 
 
+WINDOW_LAYOUT = 3  # the layout of the state below; a checkpoint in another starts empty
+Readings = list[float | None]  # one device's values of the window's metrics, in order
+RawBin = dict[str, dict[str, dict[str, list[Readings]]]]  # node → section → device → entries
+
+
+class SealedSection:
+    """One section (GPUs or NICs) of a sealed bin: its devices, sorted, and their
+    means as one (devices × metrics) array, NaN where nothing was read. Consecutive
+    bins with the same devices share one device list."""
+
+    __slots__ = ("devices", "means", "_rows")
+
+    def __init__(self, devices: list[Entity], means: Array) -> None:
+        self.devices = devices
+        self.means = means
+        self._rows: dict[Entity, int] | None = None
+
+    def rows(self) -> dict[Entity, int]:
+        """Device → its row."""
+        if self._rows is None:
+            self._rows = {e: i for i, e in enumerate(self.devices)}
+        return self._rows
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able (NaN as null)."""
+        return {"devices": [list(e) for e in self.devices],
+                "means": [[None if v != v else v for v in row] for row in self.means.tolist()]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], width: int) -> SealedSection:
+        means = np.array(state["means"], dtype=float).reshape(len(state["devices"]), width)
+        return cls([(n, d) for n, d in state["devices"]], means)
+
+
 class JobWindow:
-    """Binned readings of one job; ``bins[b][node]['g'|'n'][dev][metric] = [sum, count]``
-    (``[max, 1]`` for ``BIN_MAX_METRICS``), so ``sum / count`` is the bin's value."""
+    """Binned readings of one job, in two stages.
+
+    - Open bins (``open[b][node]['g'|'n'][dev]``): every sample's values of the
+      window's metrics, a list each in the window's metric order (None: no reading),
+      appended as they come. A sample carrying every metric costs one C-level
+      ``map`` per device; folding running sums reading by reading at ingest was most
+      of the ingest cost (bench/RESULTS.md, "Replay speed").
+    - Sealed bins (``sealed[b][section]``, ``SealedSection``): each metric's mean over
+      the bin (``BIN_MAX_METRICS``: the largest reading) as one numpy array per
+      section, 8 bytes a reading. ``seal(b)`` turns an open bin into that once the
+      watermark closed it.
+
+    An evaluation reads (devices × bins) matrices (``matrices``); from one step to
+    the next they are the last ones shifted by a column, so a step costs what its
+    newest bin costs. The state (``to_state``) is JSON-able for checkpoints.
+    """
 
     def __init__(self, bin_seconds: float, state: dict[str, Any] | None = None,
                  gpu_metrics: tuple[str, ...] = ALL_GPU_METRICS,
@@ -39,110 +88,193 @@ class JobWindow:
         self.bin_seconds = bin_seconds
         self.gpu_metrics = gpu_metrics
         self.nic_metrics = nic_metrics
-        self.bins: dict[str, dict[str, Any]] = (state or {}).get("bins", {})
-        # (section, bin) → (entities, metric → column): sealed bins never change, so their
-        # columns are built once. Derived data: not part of the persisted state.
-        self._columns: dict[tuple[str, int], tuple[list[Entity], dict[str, Array]]] = {}
+        self.metrics = {"g": gpu_metrics, "n": nic_metrics}
+        state = state or {}
+        self.restored = (state.get("layout") == WINDOW_LAYOUT  # of this layout, these metrics
+                         and state.get("metrics") == {k: list(v)
+                                                      for k, v in self.metrics.items()})
+        self.open: dict[str, RawBin] = state["open"] if self.restored else {}
+        self.sealed: dict[str, dict[str, SealedSection]] = {
+            b: {k: SealedSection.from_state(v, len(self.metrics[k])) for k, v in bin_.items()}
+            for b, bin_ in state["sealed"].items()} if self.restored else {}
+        self._max_at = {k: [i for i, m in enumerate(v) if m in BIN_MAX_METRICS]
+                        for k, v in self.metrics.items()}
+        # derived, not persisted: the last sorted device list per section, and the
+        # last window's (entities, metrics, bins, matrices) per section
+        self._sorted: dict[str, tuple[frozenset[Entity], list[Entity]]] = {}
+        self._last: dict[str, tuple[list[Entity], tuple[str, ...], range, dict[str, Array]]] = {}
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state for a table or a checkpoint."""
-        return {"bins": self.bins}
+        return {"layout": WINDOW_LAYOUT,
+                "metrics": {k: list(v) for k, v in self.metrics.items()}, "open": self.open,
+                "sealed": {b: {k: v.to_state() for k, v in sections.items()}
+                           for b, sections in self.sealed.items()}}
 
     def bin_of(self, ts: float) -> int:
         """The bin a timestamp falls in."""
         return math.floor(ts / self.bin_seconds)
 
     def add(self, sample: Sample, held: HeldReadings | None = None) -> None:
-        """Fold one validated sample into its bin; with ``held``, the window metrics the
-        sample lacks for a device it reports take their held values first (and the
-        ones it has are remembered): one pass over the wanted metrics, no copy of the
-        sample (``detectors/held.py`` says what is held and for how long)."""
+        """Append one validated sample to its open bin; with ``held``, the window
+        metrics it lacks for a device it reports take their held values
+        (``detectors/held.py`` says what is held and for how long), and the ones it
+        has are remembered. The sample itself is not changed."""
         ts = sample["ts"]
-        node = sample["node"]
-        node_bin = self.bins.setdefault(str(self.bin_of(ts)), {}).setdefault(
-            node, {"g": {}, "n": {}})
-        mine = held.node(node) if held is not None else None
-        hold = held.hold_seconds if held is not None else 0.0
-        for section, source, metrics in (("g", sample["gpus"], self.gpu_metrics),
-                                         ("n", sample["nics"], self.nic_metrics)):
+        key = str(self.bin_of(ts))
+        nodes = self.open.get(key)
+        if nodes is None:
+            nodes = self.open[key] = {}
+        node_bin = nodes.get(sample["node"])
+        if node_bin is None:
+            node_bin = nodes[sample["node"]] = {"g": {}, "n": {}}
+        mine = held.node(sample["node"]) if held is not None else None
+        for section, devices in (("g", sample["gpus"]), ("n", sample["nics"])):
+            metrics = self.metrics[section]
             target = node_bin[section]
             kept = mine[section] if mine is not None else None
-            for dev, readings in source.items():
-                acc = target.get(dev)
-                if acc is None:
-                    acc = target[dev] = {}
-                last = kept.setdefault(dev, {}) if kept is not None else None
-                get = readings.get
-                for name in metrics:
-                    value = get(name)
-                    if value is None:
-                        if last is None or (pair := last.get(name)) is None \
-                                or not 0.0 <= ts - pair[1] <= hold:
-                            continue
-                        value = pair[0]
-                    elif last is not None and ((pair := last.get(name)) is None
-                                               or ts >= pair[1]):
-                        last[name] = [value, ts]
-                    total = acc.get(name)
-                    if total is None:
-                        acc[name] = [float(value), 1]
-                    elif name in BIN_MAX_METRICS:
-                        total[0] = max(total[0], value)
-                    else:
-                        total[0] += value
-                        total[1] += 1
+            for dev, readings in devices.items():
+                try:
+                    values: Readings = list(map(readings.__getitem__, metrics))
+                except KeyError:  # some metric missing: held values fill in
+                    values = (held.fill(kept, dev, metrics, readings, ts)  # type: ignore[union-attr]
+                              if kept is not None else list(map(readings.get, metrics)))
+                else:
+                    if kept is not None:
+                        held.remember(kept, dev, values, ts)  # type: ignore[union-attr]
+                entries = target.get(dev)
+                if entries is None:
+                    target[dev] = [values]
+                else:
+                    entries.append(values)
+
+    def seal(self, b: int) -> None:
+        """Bin ``b`` is closed: keep only its means (no sample may enter it after)."""
+        raw = self.open.pop(str(b), None)
+        if raw is None:
+            return
+        self.sealed[str(b)] = {section: self._seal_section(section, raw, b)
+                               for section in ("g", "n")}
+        for section, last in list(self._last.items()):
+            if last[2] and b <= last[2][-1]:  # kept as empty, it now holds data
+                del self._last[section]
 
     def first_bin_from(self, b: int) -> int | None:
         """The first bin at or after ``b`` that holds data (None: none does)."""
-        return min((int(k) for k in self.bins if int(k) >= b), default=None)
+        return min((int(k) for k in (*self.open, *self.sealed) if int(k) >= b), default=None)
 
     def drop_before(self, first_bin: int) -> None:
         """Forget bins older than ``first_bin`` (bounded memory)."""
-        for key in [k for k in self.bins if int(k) < first_bin]:
-            del self.bins[key]
-        for cached in [k for k in self._columns if k[1] < first_bin]:
-            del self._columns[cached]
+        for bins in (self.open, self.sealed):
+            for key in [k for k in bins if int(k) < first_bin]:
+                del bins[key]
 
     def entities(self, section: str, bins: range) -> list[Entity]:
-        """Every (node, device) seen in ``bins``, sorted for determinism."""
-        found: set[Entity] = set()
-        for b in bins:
-            for node, data in self.bins.get(str(b), {}).items():
-                found.update((node, dev) for dev in data[section])
-        return sorted(found, key=lambda e: (e[0], _device_order(e[1])))
+        """Every (node, device) seen in ``bins``, sorted for determinism (the last
+        answer is kept: from one step to the next it rarely changes)."""
+        found = frozenset().union(*(self._section(section, b).devices for b in bins))
+        last = self._sorted.get(section)
+        if last is None or last[0] != found:
+            last = self._sorted[section] = (found, _sorted_devices(found))
+        return list(last[1])
+
+    def means(self, section: str, b: int, metrics: tuple[str, ...]
+              ) -> dict[Entity, list[float | None]]:
+        """Each device's means of ``metrics`` in bin ``b`` (None: no reading)."""
+        part = self._section(section, b)
+        at = [self.metrics[section].index(m) if m in self.metrics[section] else None
+              for m in metrics]
+        return {e: [None if i is None or row[i] != row[i] else row[i] for i in at]
+                for e, row in zip(part.devices, part.means.tolist(), strict=True)}
 
     def matrices(self, section: str, metrics: tuple[str, ...], entities: list[Entity],
                  bins: range) -> dict[str, Array]:
-        """Metric → (entities × bins) means; NaN where nothing was read.
-
-        Call only for bins that are sealed (evaluated): their columns are cached.
-        """
-        out = {m: np.full((len(entities), len(bins)), np.nan) for m in metrics}
-        for j, b in enumerate(bins):
-            cached = self._columns.get((section, b))
-            if cached is None or cached[0] != entities:
-                cached = (entities, self._column(section, b, entities))
-                self._columns[(section, b)] = cached
-            for m in metrics:
-                column = cached[1].get(m)
-                if column is not None:
-                    out[m][:, j] = column
+        """Metric → (entities × bins) means; NaN where nothing was read. Read-only
+        arrays: they are kept, and the next step's window (one bin on, same devices)
+        is the kept one shifted by a column plus the new bin's column."""
+        last = self._last.get(section)
+        shift = bins.start - last[2].start if last is not None else -1
+        if (last is not None and last[0] == entities and last[1] == metrics
+                and len(last[2]) == len(bins) and 0 <= shift < len(bins)
+                and not any(str(b) in self.open for b in bins)):
+            fresh = self._block(section, metrics, entities, bins[len(bins) - shift:])
+            out = {m: np.concatenate((last[3][m][:, shift:], fresh[m]), axis=1)
+                   for m in metrics}
+        else:
+            out = self._block(section, metrics, entities, bins)
+        for matrix in out.values():
+            matrix.flags.writeable = False
+        if not any(str(b) in self.open for b in bins):  # sealed or empty: never changes
+            self._last[section] = (list(entities), metrics, bins, out)
         return out
 
-    def _column(self, section: str, b: int, entities: list[Entity]) -> dict[str, Array]:
-        row = {e: i for i, e in enumerate(entities)}
-        columns: dict[str, Array] = {}
-        for node, data in self.bins.get(str(b), {}).items():
-            for dev, readings in data[section].items():
-                i = row.get((node, dev))
-                if i is None:
+    def _block(self, section: str, metrics: tuple[str, ...], entities: list[Entity],
+               bins: range) -> dict[str, Array]:
+        """Metric → (entities × bins) means, built bin by bin."""
+        at = {m: self.metrics[section].index(m) for m in metrics if m in self.metrics[section]}
+        cube = np.full((len(entities), len(bins), len(self.metrics[section])), np.nan)
+        for j, b in enumerate(bins):
+            part = self._section(section, b)
+            if part.devices == entities:
+                cube[:, j] = part.means
+            elif part.devices:
+                rows = part.rows()
+                mine = [(i, rows[e]) for i, e in enumerate(entities) if e in rows]
+                if mine:
+                    to, of = zip(*mine, strict=True)
+                    cube[list(to), j] = part.means[list(of)]
+        return {m: cube[:, :, at[m]].copy() if m in at
+                else np.full((len(entities), len(bins)), np.nan) for m in metrics}
+
+    def _section(self, section: str, b: int) -> SealedSection:
+        """Bin ``b``'s section, sealed (an open bin's is computed, not kept)."""
+        sealed = self.sealed.get(str(b))
+        if sealed is not None:
+            return sealed[section]
+        raw = self.open.get(str(b))
+        if raw is None:
+            return _EMPTY[len(self.metrics[section])]
+        return self._seal_section(section, raw, b)
+
+    def _seal_section(self, section: str, raw: RawBin, b: int) -> SealedSection:
+        devices = _sorted_devices([(node, dev) for node, data in raw.items()
+                                   for dev in data[section]])
+        before = self.sealed.get(str(b - 1))
+        if before is not None and before[section].devices == devices:
+            devices = before[section].devices  # shared, not repeated
+        width = len(self.metrics[section])
+        means = np.array([self._device_means(section, raw[node][section][dev])
+                          for node, dev in devices], dtype=float).reshape(len(devices), width)
+        return SealedSection(devices, means)
+
+    def _device_means(self, section: str, entries: list[Readings]) -> Readings:
+        """Each metric's mean over a device's entries in one bin (``BIN_MAX_METRICS``:
+        the largest), None where it has no reading."""
+        if len(entries) == 1:
+            return entries[0]
+        maxed = self._max_at[section]
+        out: Readings = []
+        for i, column in enumerate(zip(*entries, strict=True)):
+            if None in column:
+                column = tuple(v for v in column if v is not None)
+                if not column:
+                    out.append(None)
                     continue
-                for metric, pair in readings.items():
-                    column = columns.get(metric)
-                    if column is None:
-                        column = columns[metric] = np.full(len(entities), np.nan)
-                    column[i] = pair[0] / pair[1]
-        return columns
+            out.append(max(column) if i in maxed else sum(column) / len(column))
+        return out
+
+
+class _EmptySections(dict[int, SealedSection]):
+    def __missing__(self, width: int) -> SealedSection:
+        empty = self[width] = SealedSection([], np.empty((0, width)))
+        return empty
+
+
+_EMPTY = _EmptySections()
+
+
+def _sorted_devices(found: Iterable[Entity]) -> list[Entity]:
+    return sorted(found, key=lambda e: (e[0], _device_order(e[1])))
 
 
 def _device_order(dev: str) -> tuple[int, str]:

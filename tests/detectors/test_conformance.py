@@ -33,7 +33,8 @@ def _straggler_in_sequence(window: JobWindow, bins: range) -> list[Finding]:
     its memory, and what it finds at the last bin is the answer."""
     memory: dict[str, Any] = {}
     found: list[Finding] = []
-    for last in range(bins[-1] - len(window.bins) + 1, bins[-1] + 1):
+    first = window.first_bin_from(bins[-1] - 10_000)
+    for last in range(bins[-1] if first is None else first, bins[-1] + 1):
         found = find_stragglers(WindowView(window, range(last - WINDOW_BINS + 1, last + 1)),
                                 StragglerParams(), memory)
     return found

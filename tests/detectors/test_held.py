@@ -31,9 +31,10 @@ class _Held:
         """What the window binned of this one sample: device → metric → value."""
         window = JobWindow(5.0, gpu_metrics=("sm_active", "power"), nic_metrics=("ib_tx",))
         window.add(sample, self.held)  # type: ignore[arg-type]
-        [node] = window.bins[str(window.bin_of(sample["ts"]))].values()
-        return {"gpus": {dev: {m: total for m, (total, _) in readings.items()}
-                         for dev, readings in node["g"].items()}}
+        means = window.means("g", window.bin_of(sample["ts"]), window.gpu_metrics)
+        return {"gpus": {dev: {m: v for m, v in zip(window.gpu_metrics, values, strict=True)
+                               if v is not None}
+                         for (_, dev), values in means.items()}}
 
     def forget_before(self, ts: float) -> None:
         self.held.forget_before(ts)

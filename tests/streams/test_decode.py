@@ -34,3 +34,37 @@ def test_same_result_as_the_contract(raw: bytes) -> None:
 @given(st.binary(max_size=300) | st.text(max_size=200).map(str.encode))
 def test_same_result_on_random_bytes(raw: bytes) -> None:
     assert _outcome(decode_sample_fast, raw) == _outcome(decode_sample, raw)
+
+
+_ANY_VALUE = (st.none() | st.booleans() | st.integers(min_value=-(2 ** 1100), max_value=2 ** 1100)
+              | st.floats(allow_nan=False) | st.text(max_size=4)
+              | st.sampled_from([1.0 + 1e-7, 1.0 + 1e-5, 2 ** 1023, 1e308, 5e-324]))
+_PATHS = st.sampled_from(["ts", "job", "node", "schema", "meta", "host.cpu_util", "host.bogus",
+                          "gpus.0.sm_active", "gpus.0.power", "gpus.0.xid", "gpus.0.temperature",
+                          "gpus.1.sm_clock", "gpus.0.bogus", "nics.mlx5_0.ib_tx",
+                          "nics.mlx5_0.ib_rate", "gpus.1", "nics.mlx5_0", "gpus", "nics",
+                          "host", "extra"])
+_KEYS = st.sampled_from(["0", "07", "123", "1234", "-1", "1\n", "٣", " 1", "", "x" * 257,
+                         "mlx5_1", "x" * 256])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(_PATHS, _ANY_VALUE | st.dictionaries(st.text(max_size=3), _ANY_VALUE,
+                                                                 max_size=2)), max_size=3),
+       st.lists(st.tuples(st.sampled_from(["gpus", "nics"]), _KEYS), max_size=2))
+def test_same_result_on_samples_wrong_in_any_field(changes: list[tuple[str, object]],
+                                                   devices: list[tuple[str, str]]) -> None:
+    """Near-valid samples, wrong in a typed field or a device key: msgspec's checks
+    never accept what the contract refuses, and refusals carry the contract's reason."""
+    message = SAMPLE
+    for path, value in changes:
+        parent = message
+        for step in path.split(".")[:-1]:
+            parent = parent.get(step) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):  # a change below a field already replaced: skipped
+            message = _mutate(message, path, value)
+    for section, key in devices:
+        if isinstance(message.get(section), dict):
+            message = _mutate(message, section, {**message[section], key: {}})
+    raw = json.dumps(message).encode()
+    assert _outcome(decode_sample_fast, raw) == _outcome(decode_sample, raw)
