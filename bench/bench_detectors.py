@@ -86,6 +86,7 @@ def main() -> int:
     parser.add_argument("--memory", action="store_true", help="bytes held per GPU")
     args = parser.parse_args()
     if args.memory:
+        memory(8, 30.0)  # the first engine of a process also fills lazy module caches
         print(f"{'GPUs':>6} {'heap KB/GPU':>12} {'checkpoint JSON KB/GPU':>23} "
               f"{'stored KB/GPU':>14}")
         for gpus in (int(x) for x in args.sizes.split(",")):

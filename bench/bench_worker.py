@@ -161,7 +161,9 @@ def main() -> int:
     pub.close()
     total = pub.sent
     bare = asyncio.run(_bare(cfg.kafka_bootstrap, topic, total))
-    floor = _faust_floor(env, topic, total) if args.floor else 0.0
+    # the floor as Faust ships (its Monitor), and configured like the worker
+    floor = _faust_floor(env, topic, total, "faust") if args.floor else 0.0
+    floor_lean = _faust_floor(env, topic, total, "per-batch") if args.floor else 0.0
     # All workers start together. Rebalances while they join re-deliver uncommitted
     # messages (extra work; the offset guard skips them, so each sample is counted
     # once), so the run ends only when every job was detected and every sample
@@ -216,10 +218,12 @@ def main() -> int:
           f"{', '.join(str(len(j.nodes)) for j in cluster.jobs)} nodes")
     print(f"bare aiokafka consumer : {bare:8.0f} node-messages/s")
     if floor:
-        print(f"no-op Faust agent      : {floor:8.0f} node-messages/s")
+        print(f"no-op Faust agent      : {floor:8.0f} node-messages/s (Faust's Monitor), "
+              f"{floor_lean:.0f} (the worker's per-batch monitor)")
     print(f"vigil worker end to end: {rate:8.0f} node-messages/s "
           f"({rate * 8:.0f} GPU-samples/s), {rate / bare:.0%} of bare"
-          + (f", {rate / floor:.0%} of the no-op Faust agent" if floor else ""))
+          + (f", {rate / floor:.0%} / {rate / floor_lean:.0%} of the no-op Faust agent"
+             if floor else ""))
     print(f"detections published   : {detections:.0f} (jobs: {len(cluster.jobs)}; "
           f"samples processed {done:.0f} of {total}, a sample processed by two workers "
           "around a rebalance counts twice)")
@@ -232,11 +236,12 @@ def main() -> int:
     return 0
 
 
-def _faust_floor(env: dict[str, str], topic: str, total: int) -> float:
-    """What a no-op Faust agent, configured like the worker, drains from ``topic`` (in a
-    process of its own: Faust's worker ends its process)."""
+def _faust_floor(env: dict[str, str], topic: str, total: int, monitor: str) -> float:
+    """What a no-op Faust agent drains from ``topic`` (in a process of its own: Faust's
+    worker ends its process), with Faust's Monitor or the worker's."""
     out = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_worker_parts.py"),
-                          "faust-floor", "--topic", topic, "--total", str(total)],
+                          "faust-floor", "--topic", topic, "--total", str(total),
+                          "--monitor", monitor],
                          env=env, capture_output=True, text=True, timeout=900, check=False)
     # Faust's worker sends what the process prints through its logging (to stderr)
     for line in (out.stdout + out.stderr).splitlines():

@@ -58,7 +58,8 @@ def compute() -> None:
           f"({spent / len(raw) * 1e6:.0f} µs each)")
 
 
-def faust_floor(bypass: bool = False, topic: str = "", total: int = 0) -> None:
+def faust_floor(bypass: bool = False, topic: str = "", total: int = 0,
+                monitor: str = "faust") -> None:
     """A no-op Faust agent over a pre-loaded samples topic (``topic`` holding ``total``
     samples, else one published here).
 
@@ -69,6 +70,7 @@ def faust_floor(bypass: bool = False, topic: str = "", total: int = 0) -> None:
     import faust
 
     from producers.publisher import KafkaPublisher
+    from streams.app import PerBatchMonitor
     from vigil.ops.kafka_admin import ensure_topics
 
     tag = uuid.uuid4().hex[:6]
@@ -85,11 +87,13 @@ def faust_floor(bypass: bool = False, topic: str = "", total: int = 0) -> None:
     app = faust.App(f"floor-{tag}", broker=f"kafka://{cfg.kafka_bootstrap}", store="memory://",
                     datadir=f".vigil/bench-floor-{tag}", consumer_auto_offset_reset="earliest",
                     web_enabled=False, producer_acks=-1,
-                    topic_partitions=cfg.kafka.samples_partitions)
+                    topic_partitions=cfg.kafka.samples_partitions,
+                    Monitor=PerBatchMonitor if monitor == "per-batch" else faust.Monitor)
     samples = app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                         value_serializer="raw")
     seen = {"n": 0, "first": 0.0, "last": 0.0}
     label = "drain loop only (callback bypassed)" if bypass else "no-op handler"
+    label += f", {monitor} monitor"
 
     def count_batch(n: int) -> bool:
         now = time.monotonic()
@@ -135,8 +139,10 @@ if __name__ == "__main__":
     parser.add_argument("what", choices=["compute", "faust-floor", "faust-drain"])
     parser.add_argument("--topic", default="", help="drain this pre-loaded topic")
     parser.add_argument("--total", type=int, default=0, help="samples it holds")
+    parser.add_argument("--monitor", choices=["faust", "per-batch"], default="faust",
+                        help="Faust's Monitor, or the worker's (no per-message bookkeeping)")
     args = parser.parse_args()
     if args.what == "compute":
         compute()
     else:
-        faust_floor(args.what == "faust-drain", args.topic, args.total)
+        faust_floor(args.what == "faust-drain", args.topic, args.total, args.monitor)

@@ -59,6 +59,29 @@ class _FaustOutlets:
         await self._deadletter.send(key=key, value=value)
 
 
+class PerBatchMonitor(faust.Monitor):
+    """Faust's Monitor without its per-message bookkeeping. The Monitor (Faust's
+    built-in sensor, chosen with the documented ``Monitor`` setting) counts and
+    times every message and event for Faust's web page, which the worker does not
+    serve; the worker's own Prometheus metrics count per batch. Commit, send and
+    rebalance statistics stay (bench/RESULTS.md, "Faust's own per-event cost")."""
+
+    def on_message_in(self, tp: Any, offset: int, message: Any) -> None:
+        """Not counted per message."""
+
+    def on_stream_event_in(self, tp: Any, offset: int, stream: Any,
+                           event: Any) -> dict[str, Any] | None:
+        """Not counted per event."""
+        return None
+
+    def on_stream_event_out(self, tp: Any, offset: int, stream: Any, event: Any,
+                            state: dict[str, Any] | None = None) -> None:
+        """Not timed per event."""
+
+    def on_message_out(self, tp: Any, offset: int, message: Any) -> None:
+        """Not timed per message."""
+
+
 def kafka_credentials(cfg: Config) -> faust.types.auth.CredentialsT | None:
     """The configured Kafka security as Faust credentials (None for PLAINTEXT)."""
     k = cfg.kafka
@@ -97,6 +120,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
         broker_session_timeout=cfg.worker.session_timeout_seconds,
         broker_heartbeat_interval=max(0.5, cfg.worker.session_timeout_seconds / 10),
         broker_credentials=kafka_credentials(cfg),
+        Monitor=PerBatchMonitor,
     )
     samples_name = topics.topic(topics.SAMPLES, prefix)
     samples = app.topic(samples_name, key_type=bytes, value_type=bytes,
