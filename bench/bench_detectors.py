@@ -16,6 +16,7 @@ import argparse
 import gc
 import time
 import tracemalloc
+from collections.abc import Callable
 
 import orjson
 
@@ -76,7 +77,7 @@ def memory(gpus: int, seconds: float = 150.0) -> dict[str, float]:
     heap, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     state = engine.to_state()
-    return {"heap": heap / gpus, "json": len(orjson.dumps(state)) / gpus,
+    return {"heap": heap / gpus, "json": len(orjson.dumps(state)) / gpus,  # in this order
             "stored": len(encode_state(state)) / gpus}
 
 
@@ -85,23 +86,30 @@ def main() -> int:
     parser.add_argument("--sizes", default="8,64,512,4096,16384")
     parser.add_argument("--memory", action="store_true", help="bytes held per GPU")
     args = parser.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
     if args.memory:
         memory(8, 30.0)  # the first engine of a process also fills lazy module caches
-        print(f"{'GPUs':>6} {'heap KB/GPU':>12} {'checkpoint JSON KB/GPU':>23} "
-              f"{'stored KB/GPU':>14}")
-        for gpus in (int(x) for x in args.sizes.split(",")):
-            m = memory(gpus)
-            print(f"{gpus:>6} {m['heap'] / 1024:>12.1f} {m['json'] / 1024:>23.1f} "
-                  f"{m['stored'] / 1024:>14.1f}", flush=True)
-        return 0
-    print(f"{'GPUs':>6} {'nodes':>6} {'ingest µs/node-sample':>22} {'eval ms/step':>13} "
-          f"{'eval µs/GPU/step':>17} {'found':>6}")
-    for gpus in (int(x) for x in args.sizes.split(",")):
-        r = measure(gpus)
-        print(f"{r['gpus']:>6} {r['nodes']:>6} {r['ingest_us']:>22.0f} {r['step_ms']:>13.1f} "
-              f"{r['step_us_per_gpu']:>17.1f} {r['detected']:>6}", flush=True)
+        _table(("GPUs", "heap KB/GPU", "checkpoint JSON KB/GPU", "stored KB/GPU"), sizes,
+               lambda gpus: (gpus, *(f"{v / 1024:.1f}" for v in memory(gpus).values())))
+    else:
+        _table(("GPUs", "nodes", "ingest µs/node-sample", "eval ms/step", "eval µs/GPU/step",
+                "found"), sizes, lambda gpus: _cost_row(measure(gpus)))
     return 0
 
+
+def _cost_row(r: dict[str, float]) -> tuple[object, ...]:
+    return (r["gpus"], r["nodes"], f"{r['ingest_us']:.0f}", f"{r['step_ms']:.1f}",
+            f"{r['step_us_per_gpu']:.1f}", r["detected"])
+
+
+def _table(header: tuple[str, ...], sizes: list[int],
+           row: Callable[[int], tuple[object, ...]]) -> None:
+    """Print one right-aligned row per size as it is measured."""
+    widths = [max(6, len(h)) for h in header]
+    print(" ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)), flush=True)
+    for gpus in sizes:
+        print(" ".join(str(c).rjust(w) for c, w in zip(row(gpus), widths, strict=True)),
+              flush=True)
 
 if __name__ == "__main__":
     raise SystemExit(main())

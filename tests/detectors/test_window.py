@@ -1,0 +1,80 @@
+"""The window's two stages and its kept matrices give what a rebuild from scratch gives."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from contracts.config import DetectConfig
+from detectors.engine import JobEngine
+from detectors.window import JobWindow, WindowView
+from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+
+START = 3_000_000.0
+
+
+def _rebuilt(window: JobWindow, bins: range) -> WindowView:
+    """The same view from a window restored from JSON: nothing kept from earlier steps."""
+    copy = JobWindow(window.bin_seconds, json.loads(json.dumps(window.to_state())),
+                     window.gpu_metrics, window.nic_metrics)
+    assert copy.restored
+    return WindowView(copy, bins)
+
+
+@pytest.mark.parametrize("event", ["none", "node_joins", "node_leaves"])
+def test_each_steps_matrices_equal_a_rebuild(event: str) -> None:
+    nodes = [f"n{i}" for i in range(4)]
+    job = JobSpec("job-w", nodes)
+    cluster = Cluster([job], [Fault("slow_gpu", "job-w", "n1", "2", START + 30)])
+    engine = JobEngine("job-w", DetectConfig())
+    checked = 0
+    for sample in Simulator(cluster, START, seed=4).samples(150):
+        t = sample["ts"] - START
+        if event == "node_joins" and sample["node"] == "n3" and t < 70:
+            continue  # n3 appears mid-run: the device list changes
+        if event == "node_leaves" and sample["node"] == "n3" and t > 70:
+            continue
+        engine.ingest(sample)
+        before = engine.next_bin
+        engine.advance()
+        if engine.next_bin != before and engine.next_bin is not None:
+            last = engine.next_bin - 1
+            bins = range(last - engine.window_bins + 1, last + 1)
+            kept, fresh = WindowView(engine.window, bins), _rebuilt(engine.window, bins)
+            assert kept.gpus == fresh.gpus and kept.nics == fresh.nics
+            for m in engine.window.gpu_metrics:
+                np.testing.assert_array_equal(kept.gpu(m), fresh.gpu(m))
+            for m in engine.window.nic_metrics:
+                np.testing.assert_array_equal(kept.nic(m), fresh.nic(m))
+            checked += 1
+    assert checked > 20
+
+
+def test_kept_matrices_cannot_be_changed_by_a_detector() -> None:
+    engine = JobEngine("job-w", DetectConfig())
+    for sample in Simulator(Cluster([JobSpec("job-w", ["a", "b"])], []), START,
+                            seed=1).samples(40):
+        engine.ingest(sample)
+        engine.advance()
+    last = (engine.next_bin or 0) - 1
+    view = WindowView(engine.window, range(last - 11, last + 1))
+    with pytest.raises(ValueError):
+        view.gpu("sm_active")[0, 0] = 0.0
+
+
+def test_a_bin_mean_is_the_mean_of_its_readings_and_link_states_keep_their_best() -> None:
+    window = JobWindow(5.0, gpu_metrics=("sm_active", "pcie_gen"), nic_metrics=())
+    for ts, active, gen in ((10.0, 0.2, 5), (11.0, 0.4, 3), (12.0, 0.9, 4)):
+        window.add({"schema": "vigil.sample/1", "ts": ts, "job": "j", "node": "n",  # type: ignore[typeddict-item]
+                    "gpus": {"0": {"sm_active": active, "pcie_gen": gen}}, "host": {},
+                    "nics": {}})
+    window.add({"schema": "vigil.sample/1", "ts": 13.0, "job": "j", "node": "n",  # type: ignore[typeddict-item]
+                "gpus": {"0": {"pcie_gen": 2}}, "host": {}, "nics": {}})
+    open_means = window.means("g", 2, ("sm_active", "pcie_gen"))
+    window.seal(2)
+    assert window.means("g", 2, ("sm_active", "pcie_gen")) == open_means
+    [(entity, (active, gen))] = open_means.items()
+    assert entity == ("n", "0")
+    assert active == pytest.approx(0.5) and gen == 5
