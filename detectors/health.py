@@ -141,9 +141,13 @@ class HealthMonitor:
         alive = ts if alive_at is None else alive_at
         self._heard_node(node, alive)
         out = []
+        gpus = self.gpus
         for gpu, r in sample["gpus"].items():
-            g = self.gpus.setdefault(f"{node}/{gpu}", {"last": alive, "thr": None})
-            g["last"] = max(alive, g["last"])
+            g = gpus.get(key := f"{node}/{gpu}")
+            if g is None:
+                g = gpus[key] = {"last": alive, "thr": None}
+            elif alive > g["last"]:
+                g["last"] = alive
             xid = int(r.get("xid", 0) or 0)
             if xid:
                 action, severity, meaning = classify_xid(xid)
