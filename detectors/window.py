@@ -41,12 +41,20 @@ class SealedSection:
     means as one (devices × metrics) array, NaN where nothing was read. Consecutive
     bins with the same devices share one device list."""
 
-    __slots__ = ("devices", "means", "_rows")
+    __slots__ = ("devices", "means", "_rows", "_set")
 
-    def __init__(self, devices: list[Entity], means: Array) -> None:
+    def __init__(self, devices: list[Entity], means: Array,
+                 device_set: frozenset[Entity] | None = None) -> None:
         self.devices = devices
         self.means = means
         self._rows: dict[Entity, int] | None = None
+        self._set = device_set
+
+    def device_set(self) -> frozenset[Entity]:
+        """The devices as a set (built once; shared with the bins sharing the list)."""
+        if self._set is None:
+            self._set = frozenset(self.devices)
+        return self._set
 
     def rows(self) -> dict[Entity, int]:
         """Device → its row."""
@@ -175,9 +183,14 @@ class JobWindow:
     def entities(self, section: str, bins: range) -> list[Entity]:
         """Every (node, device) seen in ``bins``, sorted for determinism (the last
         answer is kept: from one step to the next it rarely changes)."""
-        found = frozenset().union(*(self._section(section, b).devices for b in bins))
+        parts = [self._section(section, b) for b in bins]
+        listed = [p.devices for p in parts if p.devices]
+        if listed and all(d is listed[0] for d in listed):  # the usual case: one list
+            found = next(p for p in parts if p.devices).device_set()
+        else:
+            found = frozenset().union(*(p.device_set() for p in parts))
         last = self._sorted.get(section)
-        if last is None or last[0] != found:
+        if last is None or (last[0] is not found and last[0] != found):
             last = self._sorted[section] = (found, _sorted_devices(found))
         return list(last[1])
 
@@ -240,15 +253,17 @@ class JobWindow:
         return self._seal_section(section, raw, b)
 
     def _seal_section(self, section: str, raw: RawBin, b: int) -> SealedSection:
-        devices = _sorted_devices([(node, dev) for node, data in raw.items()
-                                   for dev in data[section]])
+        found = [(node, dev) for node, data in raw.items() for dev in data[section]]
         before = self.sealed.get(str(b - 1))
-        if before is not None and before[section].devices == devices:
-            devices = before[section].devices  # shared, not repeated
+        same = before is not None and len(before[section].devices) == len(found) \
+            and before[section].device_set().issuperset(found)
+        # the devices of the bin before, when the same: shared, not sorted again
+        devices = before[section].devices if same else _sorted_devices(found)  # type: ignore[index]
         width = len(self.metrics[section])
         means = np.array([self._device_means(section, raw[node][section][dev])
                           for node, dev in devices], dtype=float).reshape(len(devices), width)
-        return SealedSection(devices, means)
+        return SealedSection(devices, means,
+                             before[section].device_set() if same else None)  # type: ignore[index]
 
     def _device_means(self, section: str, entries: list[Readings]) -> Readings:
         """Each metric's mean over a device's entries in one bin (``BIN_MAX_METRICS``:
