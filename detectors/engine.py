@@ -69,7 +69,8 @@ class JobEngine:
         """JSON-able state: window, health, open conditions, watermark bookkeeping."""
         return {"window": self.window.to_state(), "held": self.held.to_state(),
                 "incidents": self.tracker.to_state(),
-                "health": self.health.to_state(), "peer_memory": self.peer_memory,
+                "health": self.health.to_state(),
+                "peer_memory": straggler.memory_state(self.peer_memory),
                 "cost": self.cost_memory, "clocks": self.clocks.to_state(),
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 

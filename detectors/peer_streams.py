@@ -7,8 +7,8 @@ for a departure in the direction that a fault moves the metric, and a second sum
 the other way (load shed); what the stream has learned about its own normal (its
 offset from its peers, its own noise and how much that noise persists); and its
 bookkeeping (updates, the bin it was first seen, the bin each sum began to rise).
-The state of a stream is one flat list of floats, so a job's thousands of streams
-load into one numpy array per bin and go back to JSON as they came.
+The state of a stream is one row of floats: a level's streams live as one numpy array
+(``StreamTable``) and go to JSON, one flat list per stream, only in a checkpoint.
 
 How a departure is told from normal variation:
 
@@ -110,20 +110,51 @@ def _fresh(metrics: int) -> list[float]:
     return [v for v in _FRESH_FIELDS for _ in range(metrics)] + [0.0, -1.0]
 
 
+class StreamTable:
+    """One level's streams, live: their keys and one (streams × fields) array, kept
+    from bin to bin. A checkpoint keeps them as a dict of flat lists (``to_state``);
+    converting every stream between the two at every bin cost a quarter of a large
+    job's step (bench/RESULTS.md), so it happens only at a checkpoint and a restore."""
+
+    def __init__(self, keys: list[str], rows: Array) -> None:
+        self.keys = keys
+        self.rows = rows
+
+    @classmethod
+    def load(cls, stored: StreamTable | dict[str, list[float]] | None) -> StreamTable:
+        """The live table of a level's stored streams (a table stays as it is)."""
+        if isinstance(stored, StreamTable):
+            return stored
+        stored = stored or {}
+        return cls(list(stored), np.array(list(stored.values()), dtype=np.float64))
+
+    def to_state(self) -> dict[str, list[float]]:
+        """Key → the stream's flat list of floats (JSON-able)."""
+        return dict(zip(self.keys, self.rows.tolist(), strict=True))
+
+    def rows_for(self, keys: list[str], fresh: list[float]) -> Array:
+        """(streams × fields) for ``keys`` in order; a key not known starts ``fresh``."""
+        if keys == self.keys:
+            return self.rows.copy()  # advanced in place: the table changes only at the end
+        index = {k: i for i, k in enumerate(self.keys)}
+        at = np.array([index.get(k, -1) for k in keys], dtype=np.int64)
+        rows = np.tile(np.array(fresh, dtype=np.float64), (len(keys), 1))
+        if len(self.keys):
+            rows[at >= 0] = self.rows[at[at >= 0]]
+        return rows
+
+
 def advance(level: PeerLevel, spec: MetricSpec, test: Cusum, comparable: bool, last: int,
-            bin_seconds: float, streams: dict[str, list[float]],
+            bin_seconds: float, streams: StreamTable,
             noise: dict[str, list[float | None]]) -> Outcome:
     """Advance every stream of one level by the latest bin (``comparable``: the job is
     in a phase where peers are compared; otherwise the sums hold and nothing is
     learned). Streams of keys no longer in the level are forgotten."""
-    keep = set(level.keys)
-    for key in [k for k in streams if k not in keep]:
-        del streams[key]
     if not level.keys:
+        streams.keys, streams.rows = [], np.empty((0, 0))
         return Outcome({}, set(), set())
     m = len(spec.names)
-    fresh = _fresh(m)
-    rows = np.array([streams.get(k, fresh) for k in level.keys])  # streams × fields
+    rows = streams.rows_for(level.keys, _fresh(m))  # streams × fields
     f = rows[:, :_FIELDS * m].reshape(len(level.keys), _FIELDS, m).transpose(1, 2, 0)
     count = np.asarray(rows[:, -2], dtype=np.float64)
     born = np.asarray(rows[:, -1], dtype=np.float64)
@@ -163,10 +194,9 @@ def advance(level: PeerLevel, spec: MetricSpec, test: Cusum, comparable: bool, l
         count = _learn(f, count, level, np.where(first, departure, np.clip(
             departure, -HUBER * job_sigma, HUBER * job_sigma)),
             training | (evidence <= 2 * test.k), evidence < test.h / 2, bin_seconds)
-    rows = np.concatenate([f.transpose(2, 0, 1).reshape(len(level.keys), -1),
-                           count[:, None], born[:, None]], axis=1)
-    for key, row in zip(level.keys, rows.tolist(), strict=True):
-        streams[key] = row
+    streams.keys = list(level.keys)
+    streams.rows = np.concatenate([f.transpose(2, 0, 1).reshape(len(level.keys), -1),
+                                   count[:, None], born[:, None]], axis=1)
     return _outcome(level, spec, test, f, z)
 
 

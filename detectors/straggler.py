@@ -57,7 +57,7 @@ import numpy as np
 
 from contracts.catalog import GPU_METRICS
 from detectors.findings import Finding, fmt
-from detectors.peer_streams import Departure, MetricSpec, PeerLevel, advance
+from detectors.peer_streams import Departure, MetricSpec, PeerLevel, StreamTable, advance
 from detectors.robust import Array, nanmedian
 from detectors.sequential import Cusum
 from detectors.window import WindowView
@@ -133,10 +133,12 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     comparable = _comparable(latest, last, view.bin_seconds, memory)
     gpu_level, node_level = _levels(view, latest)
     learned = memory.setdefault("streams", {})
+    for level in ("node", "gpu"):
+        learned[level] = StreamTable.load(learned.get(level))
     nodes = advance(node_level, SPEC, p.node_test, comparable, last, view.bin_seconds,
-                    learned.setdefault("node", {}), learned.setdefault("noise_node", {}))
+                    learned["node"], learned.setdefault("noise_node", {}))
     gpus = advance(gpu_level, SPEC, p.gpu_test, comparable, last, view.bin_seconds,
-                   learned.setdefault("gpu", {}), learned.setdefault("noise_gpu", {}))
+                   learned["gpu"], learned.setdefault("noise_gpu", {}))
     findings = []
     flagged_nodes = set()
     for node, devs in sorted(nodes.found.items()):
@@ -151,6 +153,15 @@ def find_stragglers(view: WindowView, p: StragglerParams,
             node, gpu = key.rsplit("/", 1)
             findings.append(_finding(view, node, gpu, devs))
     return findings
+
+
+def memory_state(memory: dict[str, Any]) -> dict[str, Any]:
+    """``memory`` as JSON-able state for a checkpoint (live stream tables as lists)."""
+    learned = memory.get("streams")
+    if not learned:
+        return memory
+    return {**memory, "streams": {k: v.to_state() if isinstance(v, StreamTable) else v
+                                  for k, v in learned.items()}}
 
 
 def _comparable(latest: Array, last: int, bin_seconds: float,
