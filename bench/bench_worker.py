@@ -238,10 +238,12 @@ def main() -> int:
 
 def _faust_floor(env: dict[str, str], topic: str, total: int, monitor: str) -> float:
     """What a no-op Faust agent drains from ``topic`` (in a process of its own: Faust's
-    worker ends its process), with Faust's Monitor or the worker's."""
+    worker ends its process), with the worker's fetch size and Faust's Monitor or the
+    worker's."""
     out = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_worker_parts.py"),
                           "faust-floor", "--topic", topic, "--total", str(total),
-                          "--monitor", monitor],
+                          "--monitor", monitor, "--setting",
+                          f"consumer_max_fetch_size={load(env=env).worker.fetch_bytes_per_partition}"],
                          env=env, capture_output=True, text=True, timeout=900, check=False)
     # Faust's worker sends what the process prints through its logging (to stderr)
     for line in (out.stdout + out.stderr).splitlines():

@@ -59,7 +59,7 @@ def compute() -> None:
 
 
 def faust_floor(bypass: bool = False, topic: str = "", total: int = 0,
-                monitor: str = "faust") -> None:
+                monitor: str = "faust", settings: dict[str, Any] | None = None) -> None:
     """A no-op Faust agent over a pre-loaded samples topic (``topic`` holding ``total``
     samples, else one published here).
 
@@ -88,7 +88,8 @@ def faust_floor(bypass: bool = False, topic: str = "", total: int = 0,
                     datadir=f".vigil/bench-floor-{tag}", consumer_auto_offset_reset="earliest",
                     web_enabled=False, producer_acks=-1,
                     topic_partitions=cfg.kafka.samples_partitions,
-                    Monitor=PerBatchMonitor if monitor == "per-batch" else faust.Monitor)
+                    Monitor=PerBatchMonitor if monitor == "per-batch" else faust.Monitor,
+                    **(settings or {}))
     samples = app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                         value_serializer="raw")
     seen = {"n": 0, "first": 0.0, "last": 0.0}
@@ -141,8 +142,11 @@ if __name__ == "__main__":
     parser.add_argument("--total", type=int, default=0, help="samples it holds")
     parser.add_argument("--monitor", choices=["faust", "per-batch"], default="faust",
                         help="Faust's Monitor, or the worker's (no per-message bookkeeping)")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=INT",
+                        help="a Faust app setting, e.g. consumer_max_fetch_size=8388608")
     args = parser.parse_args()
     if args.what == "compute":
         compute()
     else:
-        faust_floor(args.what == "faust-drain", args.topic, args.total, args.monitor)
+        faust_floor(args.what == "faust-drain", args.topic, args.total, args.monitor,
+                    {k: int(v) for k, v in (x.split("=", 1) for x in args.setting)})

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from contracts.codec import MAX_MESSAGE_BYTES
 from contracts.errors import ConfigError
 
 
@@ -134,6 +135,11 @@ class WorkerConfig:
     checkpoint_steps: int = 6  # evaluated steps between checkpoints of a quiet job
     batch_size: int = 500
     batch_seconds: float = 0.5
+    # bytes a fetch may bring per partition (Faust's consumer_max_fetch_size). Faust's
+    # 1 MiB holds ~200 samples of 5 KB, and its fetch round trips then cap a worker
+    # near 3,300 samples/s whatever it computes; 4 MiB lets it reach ~10,000
+    # (bench/RESULTS.md). A fetch can hold this × the partitions a worker holds.
+    fetch_bytes_per_partition: int = 4 << 20
     status_seconds: float = 5.0  # job heat and worker health for the live view; 0 = off
     # a stop signal's deadline: Faust's own shutdown can hang (faust issue 484), so a
     # worker still stopping after this exits hard; under Kubernetes' default 30 s grace
@@ -378,6 +384,10 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
         raise ConfigError(f"detect.held_seconds {config.detect.held_seconds:g} must exceed "
                           f"agent.max_interval {config.agent.max_interval:g}: a stable metric "
                           "the agent publishes that rarely would otherwise read as missing")
+    if config.worker.fetch_bytes_per_partition < MAX_MESSAGE_BYTES:
+        raise ConfigError(f"worker.fetch_bytes_per_partition "
+                          f"{config.worker.fetch_bytes_per_partition} is under the largest "
+                          f"sample ({MAX_MESSAGE_BYTES} bytes): such a sample could never be read")
     return config
 
 

@@ -120,6 +120,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
         broker_session_timeout=cfg.worker.session_timeout_seconds,
         broker_heartbeat_interval=max(0.5, cfg.worker.session_timeout_seconds / 10),
         broker_credentials=kafka_credentials(cfg),
+        consumer_max_fetch_size=cfg.worker.fetch_bytes_per_partition,
         Monitor=PerBatchMonitor,
     )
     samples_name = topics.topic(topics.SAMPLES, prefix)

@@ -47,6 +47,7 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
     ("", {"VIGIL_KAFKA_SECURITY_PROTOCOL": "SSL", "VIGIL_KAFKA_SSL_CAFILE": "/nope/ca.pem"},
      "is not a file"),
     ("[agent]\nmax_interval = 64.0\n", {}, "detect.held_seconds 35 must exceed"),
+    ("", {"VIGIL_WORKER_FETCH_BYTES_PER_PARTITION": "65536"}, "under the largest sample"),
 ])
 def test_errors_say_what_is_wrong(tmp_path: Path, text: str, env: dict[str, str],
                                   match: str) -> None:
