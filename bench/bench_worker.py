@@ -214,8 +214,9 @@ def main() -> int:
         for w in workers:
             w.wait(timeout=60)
     print(f"{args.workers} worker(s)")
+    sizes = sorted({len(j.nodes) for j in cluster.jobs})
     print(f"{total} node-samples ({total * 8} GPU-samples), {len(cluster.jobs)} jobs of "
-          f"{', '.join(str(len(j.nodes)) for j in cluster.jobs)} nodes")
+          + (f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}") + " nodes")
     print(f"bare aiokafka consumer : {bare:8.0f} node-messages/s")
     if floor:
         print(f"no-op Faust agent      : {floor:8.0f} node-messages/s (Faust's Monitor), "
