@@ -1,8 +1,9 @@
 """Event-time windows of one job: per-bin means of every GPU and NIC metric.
 
-Samples are folded into bins of ``bin_seconds`` as running sums, so a window costs
-the same whatever the agents' sampling rate, and the whole state is a JSON-able
-dict that a Faust table can changelog. Absent readings stay absent (NaN), never 0.
+Samples are appended to bins of ``bin_seconds`` while a bin is open; once the
+watermark closes it, a bin keeps only its means, one numpy array per section, so the
+window holds 8 bytes a reading whatever the agents' sampling rate. The whole state is
+JSON-able for a Faust table's changelog. Absent readings stay absent (NaN), never 0.
 """
 
 from __future__ import annotations
