@@ -162,8 +162,9 @@ def main() -> int:
     total = pub.sent
     bare = asyncio.run(_bare(cfg.kafka_bootstrap, topic, total))
     # the floor as Faust ships (its Monitor), and configured like the worker
-    floor = _faust_floor(env, topic, total, "faust") if args.floor else 0.0
-    floor_lean = _faust_floor(env, topic, total, "per-batch") if args.floor else 0.0
+    fetch = cfg.worker.fetch_bytes_per_partition
+    floor = _faust_floor(env, topic, total, fetch, "faust") if args.floor else 0.0
+    floor_lean = _faust_floor(env, topic, total, fetch, "per-batch") if args.floor else 0.0
     # All workers start together. Rebalances while they join re-deliver uncommitted
     # messages (extra work; the offset guard skips them, so each sample is counted
     # once), so the run ends only when every job was detected and every sample
@@ -237,14 +238,15 @@ def main() -> int:
     return 0
 
 
-def _faust_floor(env: dict[str, str], topic: str, total: int, monitor: str) -> float:
+def _faust_floor(env: dict[str, str], topic: str, total: int, fetch_bytes: int,
+                 monitor: str) -> float:
     """What a no-op Faust agent drains from ``topic`` (in a process of its own: Faust's
     worker ends its process), with the worker's fetch size and Faust's Monitor or the
     worker's."""
     out = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_worker_parts.py"),
                           "faust-floor", "--topic", topic, "--total", str(total),
                           "--monitor", monitor, "--setting",
-                          f"consumer_max_fetch_size={load(env=env).worker.fetch_bytes_per_partition}"],
+                          f"consumer_max_fetch_size={fetch_bytes}"],
                          env=env, capture_output=True, text=True, timeout=900, check=False)
     # Faust's worker sends what the process prints through its logging (to stderr)
     for line in (out.stdout + out.stderr).splitlines():

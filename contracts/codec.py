@@ -79,15 +79,15 @@ def _object(value: Any, path: str) -> dict[str, Any]:
     return value
 
 
-def _ceilings(catalog: dict[str, Metric]) -> dict[str, float]:
+def metric_ceilings(catalog: dict[str, Metric]) -> dict[str, float]:
     """metric → the largest value the contract accepts."""
     return {name: m.high + (_RATIO_SLACK if m.unit == "ratio" else 0)
             for name, m in catalog.items()}
 
 
-_GPU_CEILINGS = _ceilings(GPU_METRICS)
-_HOST_CEILINGS = _ceilings(HOST_METRICS)
-_NIC_CEILINGS = _ceilings(NIC_METRICS)
+_GPU_CEILINGS = metric_ceilings(GPU_METRICS)
+_HOST_CEILINGS = metric_ceilings(HOST_METRICS)
+_NIC_CEILINGS = metric_ceilings(NIC_METRICS)
 
 
 def _metrics(value: Any, path: str, catalog: dict[str, Metric],

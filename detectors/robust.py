@@ -23,13 +23,12 @@ def nanmedian(values: Array, axis: int) -> Array:
     values = np.asarray(values, dtype=np.float64)
     if values.shape[axis] == 0:
         return np.full(np.delete(values.shape, axis), np.nan)
-    if not np.isnan(values).any():  # the usual case: the two middle values of a sort
-        ordered = np.sort(values, axis=axis)
+    ordered = np.sort(values, axis=axis)
+    if not np.isnan(values).any():  # the usual case: the two middle values of the sort
         n = values.shape[axis]
         # the same arithmetic as np.median ((a + b) / 2), at a tenth of its overhead
         return (np.take(ordered, (n - 1) // 2, axis=axis)
                 + np.take(ordered, n // 2, axis=axis)) / 2
-    ordered = np.sort(values, axis=axis)
     count = np.sum(~np.isnan(ordered), axis=axis, keepdims=True)
     low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0), axis=axis)
     high = np.take_along_axis(ordered, np.maximum(count // 2, 0), axis=axis)

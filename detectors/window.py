@@ -9,6 +9,7 @@ JSON-able for a Faust table's changelog. Absent readings stay absent (NaN), neve
 from __future__ import annotations
 
 import base64
+import functools
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -209,11 +210,11 @@ class JobWindow:
         """Metric → (entities × bins) means; NaN where nothing was read. Read-only
         arrays: they are kept, and the next step's window (one bin on, same devices)
         is the kept one shifted by a column plus the new bin's column."""
+        settled = not any(str(b) in self.open for b in bins)  # sealed or empty: final
         last = self._last.get(section)
         shift = bins.start - last[2].start if last is not None else -1
-        if (last is not None and last[0] == entities and last[1] == metrics
-                and len(last[2]) == len(bins) and 0 <= shift < len(bins)
-                and not any(str(b) in self.open for b in bins)):
+        if (settled and last is not None and last[0] == entities and last[1] == metrics
+                and len(last[2]) == len(bins) and 0 <= shift < len(bins)):
             fresh = self._block(section, metrics, entities, bins[len(bins) - shift:])
             out = {m: np.concatenate((last[3][m][:, shift:], fresh[m]), axis=1)
                    for m in metrics}
@@ -221,7 +222,7 @@ class JobWindow:
             out = self._block(section, metrics, entities, bins)
         for matrix in out.values():
             matrix.flags.writeable = False
-        if not any(str(b) in self.open for b in bins):  # sealed or empty: never changes
+        if settled:
             self._last[section] = (list(entities), metrics, bins, out)
         return out
 
@@ -250,21 +251,21 @@ class JobWindow:
             return sealed[section]
         raw = self.open.get(str(b))
         if raw is None:
-            return _EMPTY[len(self.metrics[section])]
+            return _empty_section(len(self.metrics[section]))
         return self._seal_section(section, raw, b)
 
     def _seal_section(self, section: str, raw: RawBin, b: int) -> SealedSection:
         found = [(node, dev) for node, data in raw.items() for dev in data[section]]
-        before = self.sealed.get(str(b - 1))
-        same = before is not None and len(before[section].devices) == len(found) \
-            and before[section].device_set().issuperset(found)
-        # the devices of the bin before, when the same: shared, not sorted again
-        devices = before[section].devices if same else _sorted_devices(found)  # type: ignore[index]
+        before = self.sealed.get(str(b - 1), {}).get(section)
+        if before is not None and len(before.devices) == len(found) \
+                and before.device_set().issuperset(found):
+            devices, known = before.devices, before.device_set()  # shared, not sorted again
+        else:
+            devices, known = _sorted_devices(found), None
         width = len(self.metrics[section])
         means = np.array([self._device_means(section, raw[node][section][dev])
                           for node, dev in devices], dtype=float).reshape(len(devices), width)
-        return SealedSection(devices, means,
-                             before[section].device_set() if same else None)  # type: ignore[index]
+        return SealedSection(devices, means, known)
 
     def _device_means(self, section: str, entries: list[Readings]) -> Readings:
         """Each metric's mean over a device's entries in one bin (``BIN_MAX_METRICS``:
@@ -283,13 +284,10 @@ class JobWindow:
         return out
 
 
-class _EmptySections(dict[int, SealedSection]):
-    def __missing__(self, width: int) -> SealedSection:
-        empty = self[width] = SealedSection([], np.empty((0, width)))
-        return empty
-
-
-_EMPTY = _EmptySections()
+@functools.cache
+def _empty_section(width: int) -> SealedSection:
+    """A bin with no devices (shared: never changed)."""
+    return SealedSection([], np.empty((0, width)))
 
 
 def _sorted_devices(found: Iterable[Entity]) -> list[Entity]:

@@ -26,28 +26,28 @@ import msgspec
 from contracts import SAMPLE_SCHEMA
 from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
 from contracts.codec import (
-    _GPU_CEILINGS,
-    _HOST_CEILINGS,
-    _NIC_CEILINGS,
     MAX_GPUS,
     MAX_ID_CHARS,
     MAX_MESSAGE_BYTES,
     MAX_NICS,
     decode_sample,
+    metric_ceilings,
 )
 from contracts.messages import Sample
 
 
-def _readings(name: str, catalog: dict[str, Metric], ceilings: dict[str, float]) -> type:
-    """One device's readings: every catalog metric optional, 0..its ceiling."""
+def _readings(name: str, catalog: dict[str, Metric]) -> type:
+    """One device's readings: every catalog metric optional, 0..its ceiling (the
+    contract's own ceilings)."""
+    ceilings = metric_ceilings(catalog)
     fields = [(metric, Annotated[float, msgspec.Meta(ge=0, le=ceilings[metric])],
                msgspec.UNSET) for metric in catalog]
     return msgspec.defstruct(name, fields, forbid_unknown_fields=True, omit_defaults=True)
 
 
-_Gpu = _readings("GpuReadings", GPU_METRICS, _GPU_CEILINGS)
-_Nic = _readings("NicReadings", NIC_METRICS, _NIC_CEILINGS)
-_Host = _readings("HostReadings", HOST_METRICS, _HOST_CEILINGS)
+_Gpu = _readings("GpuReadings", GPU_METRICS)
+_Nic = _readings("NicReadings", NIC_METRICS)
+_Host = _readings("HostReadings", HOST_METRICS)
 _GpuIndex = Annotated[str, msgspec.Meta(pattern=r"\A[0-9]{1,3}\Z")]
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 
@@ -76,4 +76,3 @@ def decode_sample_fast(raw: bytes | str) -> Sample:
     except (msgspec.ValidationError, msgspec.DecodeError):
         return decode_sample(raw)  # raises with the precise reason, or accepts
     return sample
-
