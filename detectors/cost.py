@@ -111,7 +111,8 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
     """
     if not view.gpus:
         return
-    levels = _node_levels(view, memory)
+    metric = _record_level(view, memory)
+    levels: Array | None = None  # the whole window's, only if a finding is costed
     job_gpus = len(view.gpus)
     entries: dict[str, Any] = memory.setdefault("findings", {})
     seen = set()
@@ -125,7 +126,9 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
         entry = entries.get(f.key)
         if entry is None:
             entry = entries[f.key] = _baseline(view, f, memory)
-        slowdown = _estimate(view, f, entry, levels, memory["metric"])
+        if levels is None:
+            levels = nanmedian(view.per_node(metric), axis=1)
+        slowdown = _estimate(view, f, entry, levels, metric)
         if slowdown is not None:
             entry["last"] = slowdown
         f.evidence.update(cost_fields(job_gpus, entry.get("last"), entry["basis"]))
@@ -133,21 +136,21 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
         del entries[key]
 
 
-def _node_levels(view: WindowView, memory: dict[str, Any]) -> Array:
-    """(nodes × bins) median duty cycle of each node's GPUs; the newest bin is also
-    appended to the job's history (``memory["history"]``, bounded)."""
+def _record_level(view: WindowView, memory: dict[str, Any]) -> str:
+    """Append the newest bin's median duty cycle of each node's GPUs to the job's
+    history (``memory["history"]``, bounded); returns the duty metric."""
     metric = memory.get("metric")
     if metric is None:
         metric = memory["metric"] = duty_metric(view.gpu)
-    levels = nanmedian(view.per_node(metric), axis=1)
     history: list[list[Any]] = memory.setdefault("history", [])
     newest = view.bins[-1]
     if not history or history[-1][0] < newest:
+        levels = nanmedian(view.latest_per_node((metric,))[0], axis=1)
         history.append([newest, {node: round(float(v), 5) for node, v
-                                 in zip(view.nodes, levels[:, -1], strict=True)
+                                 in zip(view.nodes, levels, strict=True)
                                  if not np.isnan(v)}])
         del history[:-HISTORY_BINS]
-    return levels
+    return str(metric)
 
 
 def _excluded(f: Finding) -> str | None:

@@ -35,10 +35,12 @@ class HangParams:
     seconds: float = 10.0
 
 
-def hung_bins(view: WindowView) -> np.ndarray:
-    """Boolean per bin: the job shows the hang signature."""
-    sm, util = view.gpu("sm_active"), view.gpu("gpu_util")
-    mem, nvl = view.gpu("mem_used"), view.gpu("nvlink_tx")
+def hung_bins(view: WindowView, last: int) -> np.ndarray:
+    """Boolean per bin of the ``last`` bins: the job shows the hang signature (each
+    bin is judged on its own, so the older bins are looked at only when the newest
+    all show it)."""
+    sm, util = view.gpu("sm_active")[:, -last:], view.gpu("gpu_util")[:, -last:]
+    mem, nvl = view.gpu("mem_used")[:, -last:], view.gpu("nvlink_tx")[:, -last:]
     # a GPU counts where both signature readings exist: one whose utilisation reading is
     # missing in a bin (a lost sample, a hold that ran out) neither confirms nor vetoes
     reporting = ~np.isnan(sm) & ~np.isnan(util)
@@ -47,7 +49,7 @@ def hung_bins(view: WindowView) -> np.ndarray:
     count = np.sum(reporting, axis=0)
     share = np.where(count > 0, np.sum(spinning & reporting, axis=0) / np.maximum(count, 1), 0)
     quiet_nvl = ~(nanmedian(nvl, axis=0) > QUIET_NVLINK)
-    ib = view.nic("ib_tx") if view.nics else np.full((1, len(view.bins)), np.nan)
+    ib = view.nic("ib_tx")[:, -last:] if view.nics else np.full((1, sm.shape[1]), np.nan)
     quiet_ib = ~(nanmedian(ib, axis=0) > QUIET_IB)
     return np.asarray((share >= SHARE) & quiet_nvl & quiet_ib & (count >= 2))
 
@@ -57,9 +59,9 @@ def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
     need = max(1, int(np.ceil(p.seconds / view.bin_seconds)))
     if len(view.bins) < need or not view.gpus:
         return []
-    hung = hung_bins(view)
-    if not hung[-need:].all():
+    if not hung_bins(view, need).all():
         return []
+    hung = hung_bins(view, len(view.bins))
     run = need
     while run < len(hung) and hung[-run - 1]:
         run += 1

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-HELD_LAYOUT = 2  # the layout of the state below; a checkpoint in another starts empty
+HELD_LAYOUT = 3  # the layout of the state below; a checkpoint in another starts empty
+READABLE_LAYOUTS = (2, HELD_LAYOUT)  # layout 2 is layout 3 without the shorthand below
 # one device: [values, times, newest]: the last published value of each window metric
 # and its event time (None: none held), in the window's metric order, and the newest
-# of those times
+# of those times. ``times`` is None when every value was published at ``newest`` (a
+# full sample replaced them): the usual case costs no list of times at all.
 DeviceHeld = list[Any]
 HeldState = dict[str, dict[str, dict[str, DeviceHeld]]]  # node → "g"|"n" → device
 
@@ -37,7 +39,7 @@ class HeldReadings:
         self.hold_seconds = hold_seconds
         state = state or {}
         self.state: HeldState = state.get("nodes", {}) \
-            if state.get("layout") == HELD_LAYOUT else {}
+            if state.get("layout") in READABLE_LAYOUTS else {}
 
     def to_state(self) -> dict[str, Any]:
         """The held values, for a checkpoint."""
@@ -57,11 +59,12 @@ class HeldReadings:
         """``dev`` published every metric (``values``) at ``ts``: hold them where newer."""
         mine = kept.get(dev)
         if mine is None or ts >= mine[2]:  # newer than anything held: replace whole
-            kept[dev] = [values, [ts] * len(values), ts]
+            kept[dev] = [values, None, ts]
             return
-        held, times = list(mine[0]), list(mine[1])  # a late sample: where it is newer
+        held, times = list(mine[0]), _times(mine, len(values))  # late: where it is newer
         for i, value in enumerate(values):
-            if times[i] is None or ts >= times[i]:
+            at = times[i]
+            if at is None or ts >= at:
                 held[i], times[i] = value, ts
         kept[dev] = [held, times, mine[2]]
 
@@ -71,7 +74,8 @@ class HeldReadings:
         most ``hold_seconds`` (None: no reading); its readings are remembered."""
         mine = kept.get(dev)
         held = list(mine[0]) if mine is not None else [None] * len(metrics)
-        times = list(mine[1]) if mine is not None else [None] * len(metrics)
+        times: list[float | None] = (_times(mine, len(metrics)) if mine is not None
+                                     else [None] * len(metrics))
         out: list[float | None] = []
         for i, name in enumerate(metrics):
             value = readings.get(name)
@@ -95,7 +99,7 @@ class HeldReadings:
                     held, times, newest = devices[dev]
                     if newest < ts:
                         del devices[dev]
-                    elif any(at is not None and at < ts for at in times):
+                    elif times is not None and any(at is not None and at < ts for at in times):
                         keep = [at is not None and at >= ts for at in times]
                         devices[dev] = [
                             [v if k else None for v, k in zip(held, keep, strict=True)],
@@ -103,3 +107,8 @@ class HeldReadings:
                             newest]
             if not any(sections.values()):
                 del self.state[node]
+
+
+def _times(mine: DeviceHeld, width: int) -> list[float | None]:
+    """A held device's times, one per metric (a copy, to change)."""
+    return [mine[2]] * width if mine[1] is None else list(mine[1])

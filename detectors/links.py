@@ -62,18 +62,23 @@ def _add(causes: dict[tuple[str, str | None], list[dict[str, Any]]], key: tuple[
     causes.setdefault(key, []).append(cause)
 
 
+# Every check below judges the last ``of_bins`` bins, and every statistic it uses is
+# taken per bin (across peers): each works on those bins alone, so a step costs what
+# four bins cost, not the whole window.
+
+
 def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
     with np.errstate(invalid="ignore"):
-        loaded = view.gpu("sm_active") > LOADED_SM_ACTIVE
+        loaded = view.gpu("sm_active")[:, -p.of_bins:] > LOADED_SM_ACTIVE
     for metric in ("pcie_gen", "pcie_width"):
-        values = np.where(loaded, view.gpu(metric), np.nan)
+        values = np.where(loaded, view.gpu(metric)[:, -p.of_bins:], np.nan)
         typical = nanmedian(values, axis=0)
         with np.errstate(invalid="ignore"):
-            low = (values < typical - 0.5)[:, -p.of_bins:]
+            low = values < typical - 0.5
         for i in np.nonzero(np.sum(low, axis=1) >= p.need_bins)[0]:
             node, gpu = view.gpus[i]
-            value = float(np.nanmedian(values[i, -p.of_bins:]))
-            peer = float(np.nanmedian(typical[-p.of_bins:]))
+            value = float(np.nanmedian(values[i]))
+            peer = float(np.nanmedian(typical))
             _add(causes, (node, gpu), metric=metric, value=value, peer_median=peer,
                  score=peer - value, first=int(np.argmax(low[i])),
                  text=f"PCIe {'generation' if metric == 'pcie_gen' else 'width'} "
@@ -81,15 +86,15 @@ def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]
 
 
 def _nvlink(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
-    cube = view.per_node("nvlink_tx")
+    cube = view.per_node("nvlink_tx")[:, :, -p.of_bins:]
     busy = nanmedian(cube, axis=1) > COMMUNICATING_NVLINK  # nodes × bins
     z = robust_z_axis(cube, axis=1, abs_floor=COMMUNICATING_NVLINK / 10, rel_floor=0.05)
     z = np.where(busy[:, None, :], z, np.nan)
     test = persistent(z, p.z, p.need_bins, p.of_bins)
     for n, slot in zip(*np.nonzero(test.flagged & (test.sign < 0)), strict=True):
         node, gpu = view.gpu_at(int(n), int(slot))
-        value = float(np.nanmedian(cube[n, slot, -p.of_bins:]))
-        peer = float(np.nanmedian(cube[n, :, -p.of_bins:]))
+        value = float(np.nanmedian(cube[n, slot]))
+        peer = float(np.nanmedian(cube[n]))
         _add(causes, (node, gpu), metric="nvlink_tx", value=value, peer_median=peer,
              score=float(-test.score[n, slot]), first=int(test.first[n, slot]),
              text=f"NVLink moves {fmt(value, 'bytes/s')} vs node peers' {fmt(peer, 'bytes/s')}")
@@ -99,28 +104,33 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
     if len(view.nics) < 2:
         return
     rate = view.nic("ib_rate")
-    typical = nanmedian(rate, axis=0)
     with np.errstate(invalid="ignore"):
-        low = (rate < typical - 0.5)[:, -p.of_bins:]
+        low = rate[:, -p.of_bins:] < nanmedian(rate[:, -p.of_bins:], axis=0) - 0.5
+    slow = np.sum(low, axis=1) >= p.need_bins
     errors = view.nic("ib_errors")[:, -p.of_bins:]
     rise = np.nanmax(errors, axis=1, initial=-np.inf) - np.nanmin(errors, axis=1, initial=np.inf)
-    wait = np.log10(1.0 + view.nic("ib_xmit_wait"))
-    wait_z, _, _ = robust_z(wait, abs_floor=0.25)
+    erring = np.isfinite(rise) & (rise >= p.errors_per_window)
+    wait = view.nic("ib_xmit_wait")[:, -p.of_bins:]
+    wait_z, _, _ = robust_z(np.log10(1.0 + wait), abs_floor=0.25)
     waits = persistent(wait_z, p.z, p.need_bins, p.of_bins)
-    for i, (node, nic) in enumerate(view.nics):
-        if np.sum(low[i]) >= p.need_bins:
-            value, peer = float(np.nanmedian(rate[i, -p.of_bins:])), float(np.nanmedian(typical))
+    waiting = waits.flagged & (waits.sign > 0)
+    for i in np.nonzero(slow | erring | waiting)[0]:  # the rest are fine: no Python step
+        node, nic = view.nics[i]
+        if slow[i]:
+            # the peers' rate over the whole window, as the text has always given it
+            value = float(np.nanmedian(rate[i, -p.of_bins:]))
+            peer = float(np.nanmedian(nanmedian(rate, axis=0)))
             _add(causes, (node, None), metric="ib_rate", nic=nic, value=value, peer_median=peer,
                  score=peer / max(value, 1.0), first=int(np.argmax(low[i])),
                  text=f"{nic} runs at {value:.0f} Gb/s vs peers' {peer:.0f} Gb/s")
-        if np.isfinite(rise[i]) and rise[i] >= p.errors_per_window:
+        if erring[i]:
             _add(causes, (node, None), metric="ib_errors", nic=nic, value=float(rise[i]),
                  score=float(rise[i]), first=0,
                  text=f"{nic} error counters rose by {rise[i]:.0f} in "
                       f"{p.of_bins * view.bin_seconds:.0f}s")
-        if waits.flagged[i] and waits.sign[i] > 0:
-            value = float(np.nanmedian(view.nic("ib_xmit_wait")[i, -p.of_bins:]))
-            peer = float(np.nanmedian(view.nic("ib_xmit_wait")[:, -p.of_bins:]))
+        if waiting[i]:
+            value = float(np.nanmedian(wait[i]))
+            peer = float(np.nanmedian(wait))
             _add(causes, (node, None), metric="ib_xmit_wait", nic=nic, value=value,
                  peer_median=peer, score=float(waits.score[i]), first=int(waits.first[i]),
                  text=f"{nic} transmit back-pressure {fmt(value)} ticks/s vs peers' {fmt(peer)}")

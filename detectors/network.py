@@ -37,12 +37,13 @@ def find_network_bound(view: WindowView, p: NetworkParams) -> list[Finding]:
     """One job-level finding while the job is network-bound."""
     if len(view.bins) < p.of_bins or not view.nics or not view.gpus:
         return []
-    rate = view.nic("ib_rate") * 1e9 / BITS_PER_BYTE
+    recent = slice(-p.of_bins, None)  # each bin is judged on its own: only these count
+    rate = view.nic("ib_rate")[:, recent] * 1e9 / BITS_PER_BYTE
     with np.errstate(invalid="ignore", divide="ignore"):
-        link_use = (view.nic("ib_tx") + view.nic("ib_rx")) / 2 / rate
-    comm = nanmedian(link_use, axis=0)[-p.of_bins:]
-    sm = nanmedian(view.gpu("sm_active"), axis=0)[-p.of_bins:]
-    tensor = nanmedian(view.gpu("tensor_active"), axis=0)[-p.of_bins:]
+        link_use = (view.nic("ib_tx")[:, recent] + view.nic("ib_rx")[:, recent]) / 2 / rate
+    comm = nanmedian(link_use, axis=0)
+    sm = nanmedian(view.gpu("sm_active")[:, recent], axis=0)
+    tensor = nanmedian(view.gpu("tensor_active")[:, recent], axis=0)
     with np.errstate(invalid="ignore"):
         bound = (comm >= p.link_share) & (sm <= p.max_sm_active) & (tensor <= p.max_tensor_active)
     if int(np.sum(bound)) < p.need_bins:

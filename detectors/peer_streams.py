@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from detectors.robust import MAD_TO_SIGMA, Array, nanmedian
+from detectors.robust import MAD_TO_SIGMA, Array, nanmedian, zero_nan
 from detectors.sequential import Cusum
 
 OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a stream's own offset adapts
@@ -163,7 +163,7 @@ def advance(level: PeerLevel, spec: MetricSpec, test: Cusum, comparable: bool, l
     offset = f[OFF]
     beyond = np.zeros(len(level.keys), dtype=bool)  # learned further off than the cap
     if np.isfinite(level.cap):
-        bound = level.cap * np.abs(np.nan_to_num(level.peer_level))
+        bound = level.cap * np.abs(zero_nan(level.peer_level))
         offset = np.clip(offset, -bound, bound)
         beyond = np.any(np.abs(f[OFF]) > bound, axis=0)
     training: NDArray[np.bool_] = count < TRAINING_BINS  # not known yet: not tested
@@ -228,7 +228,7 @@ def _noise(residual: Array, peer_level: Array, spec: MetricSpec, comparable: boo
     resolution."""
     with np.errstate(invalid="ignore"):
         level = np.abs(nanmedian(peer_level, axis=1))
-    floor = np.fmax(spec.floors, REL_FLOOR * np.nan_to_num(level))
+    floor = np.fmax(spec.floors, REL_FLOOR * zero_nan(level))
     spread = nanmedian(np.abs(residual - nanmedian(residual, axis=1)[:, None]),
                        axis=1) * MAD_TO_SIGMA
     known = np.array([np.nan if v is None else v
@@ -238,7 +238,7 @@ def _noise(residual: Array, peer_level: Array, spec: MetricSpec, comparable: boo
         known = np.where(np.isnan(known), spread,
                          np.where(np.isnan(spread), known, known + a * (spread - known)))
         noise["sigma"] = [None if np.isnan(v) else float(v) for v in known]
-    return np.fmax(np.nan_to_num(known), floor)
+    return np.fmax(zero_nan(known), floor)
 
 
 def _persistence(f: Array) -> Array:
@@ -248,7 +248,7 @@ def _persistence(f: Array) -> Array:
     stream for many bins in a row; summed, that looks like a shift unless its noise
     is counted at the scale on which it persists."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        rho = np.clip(np.nan_to_num(f[COV] / f[VAR]), 0.0, MAX_AUTOCORRELATION)
+        rho = np.clip(zero_nan(f[COV] / f[VAR]), 0.0, MAX_AUTOCORRELATION)
     return np.asarray(np.sqrt((1 + rho) / (1 - rho)), dtype=np.float64)
 
 
@@ -277,7 +277,7 @@ def _learn(f: Array, count: Array, level: PeerLevel, residual: Array, quiet: Arr
     new_count = np.where(learn, count + 1, count)
     a = np.where(new_count <= OFFSET_WARMUP_UPDATES, 1.0 / np.maximum(new_count, 1),
                  min(1.0, bin_seconds / OFFSET_TIME_CONSTANT))
-    moved = f[OFF] + a * np.where(level.valid, np.nan_to_num(residual), 0.0)
+    moved = f[OFF] + a * np.where(level.valid, zero_nan(residual), 0.0)
     known = calm & ~np.isnan(residual) & (count >= TRAINING_BINS)  # once trained
     now = np.where(known, residual, 0.0)
     # a plain mean that starts from a prior of zero worth ``VARIANCE_PRIOR`` bins (the

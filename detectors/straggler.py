@@ -48,6 +48,8 @@ estimated online.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -129,7 +131,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
         memory.clear()
         memory["version"] = STATE_VERSION
     last = view.bins[-1]
-    latest = np.stack([view.per_node(m)[:, :, -1] for m in _NAMES])  # metrics × nodes × slots
+    latest = view.latest_per_node(_NAMES)  # metrics × nodes × slots
     comparable = _comparable(latest, last, view.bin_seconds, memory)
     gpu_level, node_level = _levels(view, latest)
     learned = memory.setdefault("streams", {})
@@ -279,9 +281,9 @@ def _workload_made(candidates: dict[str, list[Departure]], departed: set[str],
 
 def _finding(view: WindowView, node: str, gpu: str | None,
              devs: list[Departure]) -> Finding:
-    top = sorted(devs, key=lambda d: -abs(np.nan_to_num(d.z)))
-    score = float(np.nanmedian([abs(d.z) for d in top])) if any(
-        not np.isnan(d.z) for d in top) else 0.0
+    top = sorted(devs, key=lambda d: 0.0 if math.isnan(d.z) else -abs(d.z))
+    scores = [abs(d.z) for d in top if not math.isnan(d.z)]
+    score = statistics.median(scores) if scores else 0.0  # np.nanmedian's arithmetic
     detail = ", ".join(f"{d.metric} {fmt(d.value, GPU_METRICS[d.metric].unit)} vs peers' "
                        f"{fmt(d.peer, GPU_METRICS[d.metric].unit)}" for d in top[:2])
     who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"

@@ -108,3 +108,16 @@ def test_a_steady_straggler_is_found_in_adaptively_sampled_data_because_of_the_h
     assert [(d["kind"], d["node"], d["gpu"]) for d in found] == [
         ("straggler", fault.node, fault.gpu)]
     assert not [d for d in _detections(0.5) if d["kind"] == "straggler"]
+
+
+def test_a_checkpoint_of_the_previous_layout_is_still_held() -> None:
+    """Layout 2 listed a time per metric even when all were the same; a worker that
+    restarts on such a checkpoint keeps holding its values."""
+    old = {"layout": 2, "nodes": {"n1": {"g": {"0": [[0.5, 300.0], [100.0, 100.0], 100.0]},
+                                         "n": {}}}}
+    held = HeldReadings(20.0, old)
+    window = JobWindow(5.0, gpu_metrics=("sm_active", "power"), nic_metrics=())
+    window.add(_sample(110.0, {"0": {"sm_active": 0.6}}), held)  # type: ignore[arg-type]
+    assert window.means("g", 22, window.gpu_metrics)[("n1", "0")] == [0.6, 300.0]
+    held.remember(held.node("n1")["g"], "0", [0.7, 310.0], 105.0)  # late: older than 110
+    assert held.node("n1")["g"]["0"][0] == [0.6, 310.0]

@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.config import DetectConfig
 from detectors.engine import JobEngine
@@ -78,3 +80,28 @@ def test_a_bin_mean_is_the_mean_of_its_readings_and_link_states_keep_their_best(
     [(entity, (active, gen))] = open_means.items()
     assert entity == ("n", "0")
     assert active == pytest.approx(0.5) and gen == 5
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.lists(st.one_of(st.none(), st.floats(0, 1e12)), min_size=3,
+                                  max_size=3), min_size=1, max_size=7), min_size=1, max_size=5))
+def test_sealed_means_are_pythons_own_arithmetic(devices: list[list[list[float | None]]]
+                                                 ) -> None:
+    """Devices with different numbers of entries and gaps: each mean is exactly
+    ``sum(readings) / len(readings)`` in arrival order (the link state: the largest),
+    None → NaN where a metric has no reading."""
+    metrics = ("sm_active", "power", "pcie_gen")
+    window = JobWindow(5.0, gpu_metrics=metrics, nic_metrics=())
+    for dev, entries in enumerate(devices):
+        for k, values in enumerate(entries):
+            readings = {m: v for m, v in zip(metrics, values, strict=True) if v is not None}
+            window.add({"schema": "vigil.sample/1", "ts": 10.0 + k * 0.1, "job": "j",  # type: ignore[typeddict-item]
+                        "node": "n", "gpus": {str(dev): readings}, "host": {}, "nics": {}})
+    window.seal(2)
+    means = window.means("g", 2, metrics)
+    for dev, entries in enumerate(devices):
+        for i, metric in enumerate(metrics):
+            column = [e[i] for e in entries if e[i] is not None]
+            expected = (None if not column else max(column) if metric == "pcie_gen"
+                        else sum(column) / len(column))
+            assert means[("n", str(dev))][i] == expected
