@@ -123,9 +123,11 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return float("nan")
 
 
-def _metric(port: int, name: str, **labels: str) -> float:
-    """Sum of every series of a counter or gauge on /metrics whose labels include ``labels``."""
-    return sum(float(s.value) for s in _samples(port) if s.name in (name, name + "_total")
+def _metric(port: int | list[Any], name: str, **labels: str) -> float:
+    """Sum of every series of a counter or gauge on /metrics (or in samples already
+    read from it) whose labels include ``labels``."""
+    samples = _samples(port) if isinstance(port, int) else port
+    return sum(float(s.value) for s in samples if s.name in (name, name + "_total")
                and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
@@ -194,9 +196,10 @@ def main() -> int:
             if any(w.poll() is not None for w in workers):
                 print("a worker exited: see its log", flush=True)
                 break
-            try:
-                now_done = sum(_metric(port, "vigil_worker_samples") for port in ports)
-                detections = sum(_metric(port, "vigil_worker_detections") for port in ports)
+            try:  # one scrape a worker a poll: serving /metrics takes the worker's time
+                scraped = [_samples(port) for port in ports]
+                now_done = sum(_metric(s, "vigil_worker_samples") for s in scraped)
+                detections = sum(_metric(s, "vigil_worker_detections") for s in scraped)
             except OSError:
                 continue
             if first is None and now_done > 0:

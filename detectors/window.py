@@ -33,7 +33,8 @@ BIN_MAX_METRICS = frozenset({"pcie_gen", "pcie_width", "ib_rate"})
 Entity = tuple[str, str]  # (node, gpu index or NIC name)
 
 
-WINDOW_LAYOUT = 3  # the layout of the state below; a checkpoint in another starts empty
+WINDOW_LAYOUT = 4  # the layout of the state below; a checkpoint in another starts empty
+READABLE_LAYOUTS = (3, WINDOW_LAYOUT)  # 3: each sealed bin listed its devices itself
 Readings = list[float | None]  # one device's values of the window's metrics, in order
 RawBin = dict[str, dict[str, dict[str, list[Readings]]]]  # node → section → device → entries
 
@@ -64,17 +65,21 @@ class SealedSection:
             self._rows = {e: i for i, e in enumerate(self.devices)}
         return self._rows
 
-    def to_state(self) -> dict[str, Any]:
-        """JSON-able: the means as base64 of their float64 bytes (exact, NaN kept, and
-        encoded in C: a checkpoint must not cost a Python step per reading)."""
-        return {"devices": [list(e) for e in self.devices],
+    def to_state(self, device_list: int) -> dict[str, Any]:
+        """JSON-able: its device list's number in the checkpoint's ``device_lists``,
+        and the means as base64 of their float64 bytes (exact, NaN kept, and encoded
+        in C: a checkpoint must not cost a Python step per reading)."""
+        return {"devices": device_list,
                 "means": base64.b64encode(np.ascontiguousarray(self.means).tobytes()).decode()}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], width: int) -> SealedSection:
+    def from_state(cls, state: dict[str, Any], width: int,
+                   device_lists: list[list[Entity]]) -> SealedSection:
+        listed = state["devices"]
+        devices = device_lists[listed] if isinstance(listed, int) else [
+            (n, d) for n, d in listed]  # layout 3: listed in the bin itself
         means = np.frombuffer(base64.b64decode(state["means"]), dtype=np.float64)
-        return cls([(n, d) for n, d in state["devices"]],
-                   means.reshape(len(state["devices"]), width))
+        return cls(devices, means.reshape(len(devices), width))
 
 
 class ViewLayout(NamedTuple):
@@ -114,12 +119,16 @@ class JobWindow:
         self.nic_metrics = nic_metrics
         self.metrics = {"g": gpu_metrics, "n": nic_metrics}
         state = state or {}
-        self.restored = (state.get("layout") == WINDOW_LAYOUT  # of this layout, these metrics
+        self.restored = (state.get("layout") in READABLE_LAYOUTS  # these metrics
                          and state.get("metrics") == {k: list(v)
                                                       for k, v in self.metrics.items()})
         self.open: dict[str, RawBin] = state["open"] if self.restored else {}
+        # bins that shared a device list share it again (steps compare lists by identity)
+        device_lists = [[(n, d) for n, d in listed]
+                        for listed in state.get("device_lists", [])] if self.restored else []
         self.sealed: dict[str, dict[str, SealedSection]] = {
-            b: {k: SealedSection.from_state(v, len(self.metrics[k])) for k, v in bin_.items()}
+            b: {k: SealedSection.from_state(v, len(self.metrics[k]), device_lists)
+                for k, v in bin_.items()}
             for b, bin_ in state["sealed"].items()} if self.restored else {}
         self._max_at = {k: [i for i, m in enumerate(v) if m in BIN_MAX_METRICS]
                         for k, v in self.metrics.items()}
@@ -131,9 +140,18 @@ class JobWindow:
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state for a table or a checkpoint."""
-        return {"layout": WINDOW_LAYOUT,
+        # consecutive bins share one device list: it is written once, not once a bin
+        numbers: dict[int, int] = {}
+        device_lists: list[list[Entity]] = []
+        for sections in self.sealed.values():
+            for part in sections.values():
+                if id(part.devices) not in numbers:
+                    numbers[id(part.devices)] = len(device_lists)
+                    device_lists.append(part.devices)
+        return {"layout": WINDOW_LAYOUT, "device_lists": device_lists,
                 "metrics": {k: list(v) for k, v in self.metrics.items()}, "open": self.open,
-                "sealed": {b: {k: v.to_state() for k, v in sections.items()}
+                "sealed": {b: {k: v.to_state(numbers[id(v.devices)])
+                               for k, v in sections.items()}
                            for b, sections in self.sealed.items()}}
 
     def bin_of(self, ts: float) -> int:

@@ -54,6 +54,31 @@ def test_each_steps_matrices_equal_a_rebuild(event: str) -> None:
     assert checked > 20
 
 
+def test_a_checkpoint_writes_each_device_list_once_and_reads_the_previous_layout() -> None:
+    job = JobSpec("job-w", [f"n{i}" for i in range(4)])
+    engine = JobEngine("job-w", DetectConfig())
+    for sample in Simulator(Cluster([job], []), START, seed=4).samples(90):
+        engine.ingest(sample)
+        engine.advance()
+    state = json.loads(json.dumps(engine.window.to_state()))
+    assert len(state["sealed"]) >= 12 and len(state["device_lists"]) == 2  # GPUs, NICs
+    # layout 3 listed the devices in every bin
+    old = {**state, "layout": 3, "sealed": {
+        b: {k: {**part, "devices": state["device_lists"][part["devices"]]}
+            for k, part in sections.items()} for b, sections in state["sealed"].items()}}
+    del old["device_lists"]
+    last = (engine.next_bin or 0) - 1
+    bins = range(last - engine.window_bins + 1, last + 1)
+    restored = [JobWindow(5.0, s, engine.window.gpu_metrics, engine.window.nic_metrics)
+                for s in (state, old)]
+    assert all(w.restored for w in restored)
+    views = [WindowView(w, bins) for w in restored]
+    for m in engine.window.gpu_metrics:
+        np.testing.assert_array_equal(views[0].gpu(m), views[1].gpu(m))
+        np.testing.assert_array_equal(views[0].gpu(m), WindowView(engine.window, bins).gpu(m))
+    assert views[0].gpus == views[1].gpus and len(views[0].gpus) == 32
+
+
 def test_kept_matrices_cannot_be_changed_by_a_detector() -> None:
     engine = JobEngine("job-w", DetectConfig())
     for sample in Simulator(Cluster([JobSpec("job-w", ["a", "b"])], []), START,
