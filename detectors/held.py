@@ -15,6 +15,7 @@ monitor exactly as sent, so one XID is never repeated.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 HELD_LAYOUT = 3  # the layout of the state below; a checkpoint in another starts empty
@@ -54,7 +55,7 @@ class HeldReadings:
         return mine
 
     @staticmethod
-    def remember(kept: dict[str, DeviceHeld], dev: str, values: list[float | None],
+    def remember(kept: dict[str, DeviceHeld], dev: str, values: Sequence[float | None],
                  ts: float) -> None:
         """``dev`` published every metric (``values``) at ``ts``: hold them where newer."""
         mine = kept.get(dev)
