@@ -148,8 +148,9 @@ class HealthMonitor:
                 g = gpus[key] = {"last": alive, "thr": None}
             elif alive > g["last"]:
                 g["last"] = alive
-            xid = int(r.get("xid", 0) or 0)
-            if xid:
+            code = r.get("xid")
+            if code:
+                xid = int(code)
                 action, severity, meaning = classify_xid(xid)
                 g["event"] = {"ts": ts, "metric": "xid", "severity": severity,
                               "text": f"XID {xid} ({meaning}): {ACTION_ADVICE[action]}",
@@ -168,8 +169,13 @@ class HealthMonitor:
             throttle = r.get("throttle")
             if throttle is not None:
                 bad = int(throttle) & SLOWDOWN_BITS
-                g["thr"] = (g["thr"] if g["thr"] is not None else ts) if bad else None
-                g["thr_bits"] = bad
+                if bad:
+                    if g["thr"] is None:
+                        g["thr"] = ts
+                    g["thr_bits"] = bad
+                elif g["thr"] is not None:  # it ended (a GPU never slowed writes nothing)
+                    g["thr"] = None
+                    g["thr_bits"] = 0
         return out
 
     def _event_finding(self, node: str, gpu: str, g: dict[str, Any]) -> Finding:
