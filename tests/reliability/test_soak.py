@@ -1,7 +1,7 @@
 """Long runs for `make soak` (not part of `make test`): a channel hard-down for ten
 minutes, and sustained load at twice the benchmarked worker throughput for ten
 minutes. ``SOAK_SECONDS`` (default 600) and ``SOAK_RATE`` (node-samples/s, default
-6600 = 2 × the ~3,300/s one worker sustains on 8-node jobs, bench/RESULTS.md) scale
+8600 = 2 × the ~4,300/s one worker sustains on 8-node jobs, bench/RESULTS.md) scale
 them."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
 SOAK = float(os.environ.get("SOAK_SECONDS", "600"))
-RATE = float(os.environ.get("SOAK_RATE", "6600"))
+RATE = float(os.environ.get("SOAK_RATE", "8600"))
 START = 1_900_000_000.0
 
 
