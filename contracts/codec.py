@@ -234,7 +234,7 @@ def decode_trace(lines: Iterable[bytes | str],
     error)`` and is skipped, so one bad line never ends a replay. ``decode`` may be a
     faster parser that fails with the same reasons (``streams.decode``)."""
     for lineno, line in enumerate(lines, 1):
-        if not line.strip():
+        if not line or line.isspace():  # blank (``strip`` would copy every line)
             continue
         try:
             sample = decode(line)

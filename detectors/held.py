@@ -32,8 +32,8 @@ class HeldReadings:
     """Last published window metrics per node and device; JSON-able for the table.
 
     A sample carrying every window metric (what a full-rate agent sends) replaces its
-    device's values whole, in O(1) (the values list is shared with the window and
-    never changed in place); only a sample lacking some takes the per-metric path.
+    device's values whole, in O(1) (the values are shared with the window and never
+    changed in place); only a sample lacking some takes the per-metric path.
     """
 
     def __init__(self, hold_seconds: float, state: dict[str, Any] | None = None) -> None:

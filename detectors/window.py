@@ -100,10 +100,11 @@ class JobWindow:
     """Binned readings of one job, in two stages.
 
     - Open bins (``open[b][node]['g'|'n'][dev]``): every sample's values of the
-      window's metrics, a list each in the window's metric order (None: no reading),
-      appended as they come. A sample carrying every metric costs one C-level
-      ``map`` per device; folding running sums reading by reading at ingest was most
-      of the ingest cost (bench/RESULTS.md, "Replay speed").
+      window's metrics, a sequence each in the window's metric order (None: no
+      reading), appended as they come. A sample carrying every metric costs one
+      C-level ``itemgetter`` call per device (a tuple); folding running sums reading
+      by reading at ingest was most of the ingest cost (bench/RESULTS.md, "Replay
+      speed").
     - Sealed bins (``sealed[b][section]``, ``SealedSection``): each metric's mean over
       the bin (``BIN_MAX_METRICS``: the largest reading) as one numpy array per
       section, 8 bytes a reading. ``seal(b)`` turns an open bin into that once the

@@ -15,6 +15,7 @@ from contracts.codec import (
     ContractError,
     decode_detection,
     decode_sample,
+    decode_trace,
     encode_detection,
     encode_sample,
     validate_detection,
@@ -136,3 +137,13 @@ def test_catalog_is_consistent() -> None:
     schema_gpu = SCHEMAS["sample"]["properties"]["gpus"]["additionalProperties"]["properties"]
     assert set(schema_gpu) == set(GPU_METRICS)
     json.dumps(SCHEMAS)  # serialisable
+
+
+def test_a_trace_skips_blank_lines_and_reports_bad_ones_by_their_number() -> None:
+    good = encode_sample(SAMPLE)  # type: ignore[arg-type]
+    bad: list[int] = []
+    lines: list[bytes | str] = [good + b"\n", b"\n", b" \t\r\n", b"", b"{not json\n",
+                                good.decode() + "\n", "  \n"]
+    found = list(decode_trace(lines, lambda lineno, _exc: bad.append(lineno)))
+    assert len(found) == 2 and bad == [5]
+
