@@ -194,7 +194,11 @@ class HealthMonitor:
             del self.nodes[node]
             self.cadence.pop(node, None)
         health: list[Finding] = []
-        for key, g in sorted(self.gpus.items()):
+        # most GPUs have nothing to tell: only those that may are sorted and split
+        maybe = [key for key, g in self.gpus.items() if g.get("event")
+                 or g["thr"] is not None or now - g["last"] >= p.missing_gpu_seconds]
+        for key in sorted(maybe):
+            g = self.gpus[key]
             node, gpu = key.rsplit("/", 1)
             node_last = self.nodes.get(node, g["last"])
             ev = g.get("event")
