@@ -348,7 +348,10 @@ def start_kafka(config: Config, svc: Service, timeout: float = 120.0,
             mechanism, user, password = _scram(config)
             scram = ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
         result = subprocess.run(_java(config, libs, svc, "kafka.tools.StorageTool", "format",
-                                      "-t", cluster_id, "-c", str(props), *scram),
+                                      # "=": an id may begin with "-" (base64url), which
+                                      # the tool would take for an option
+                                      f"--cluster-id={cluster_id}", "-c", str(props),
+                                      *scram),
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise StackError(f"Kafka storage format failed: {result.stdout}{result.stderr}")
