@@ -114,12 +114,12 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
     wait_z, _, _ = robust_z(np.log10(1.0 + wait), abs_floor=0.25)
     waits = persistent(wait_z, p.z, p.need_bins, p.of_bins)
     waiting = waits.flagged & (waits.sign > 0)
+    # the peers' rate over the whole window, as the text has always given it
+    window_rate = float(np.nanmedian(nanmedian(rate, axis=0))) if slow.any() else np.nan
     for i in np.nonzero(slow | erring | waiting)[0]:  # the rest are fine: no Python step
         node, nic = view.nics[i]
         if slow[i]:
-            # the peers' rate over the whole window, as the text has always given it
-            value = float(np.nanmedian(rate[i, -p.of_bins:]))
-            peer = float(np.nanmedian(nanmedian(rate, axis=0)))
+            value, peer = float(np.nanmedian(rate[i, -p.of_bins:])), window_rate
             _add(causes, (node, None), metric="ib_rate", nic=nic, value=value, peer_median=peer,
                  score=peer / max(value, 1.0), first=int(np.argmax(low[i])),
                  text=f"{nic} runs at {value:.0f} Gb/s vs peers' {peer:.0f} Gb/s")

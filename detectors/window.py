@@ -335,13 +335,10 @@ class JobWindow:
         deepest = max(map(len, stacks), default=1)
         if deepest == 1:  # one entry each: the entries are the means
             return _floats([s[0] for s in stacks], (len(stacks), width))
-        if all(len(s) == deepest for s in stacks):
-            cube = _floats(list(chain.from_iterable(stacks)), (len(stacks), deepest, width))
-        else:
-            pad = [None] * width
-            cube = np.array([s if len(s) == deepest else s + [pad] * (deepest - len(s))
-                             for s in stacks], dtype=np.float64).reshape(
-                                 len(stacks), deepest, width)
+        pad = (None,) * width  # NaN entries for a device with fewer than the deepest
+        entries = chain.from_iterable(s if len(s) == deepest else [*s, *[pad] * (deepest - len(s))]
+                                      for s in stacks)
+        cube = _floats(list(entries), (len(stacks), deepest, width))
         absent = np.isnan(cube)
         with np.errstate(invalid="ignore"):
             means = (np.where(absent, 0.0, cube).sum(axis=1)
