@@ -27,12 +27,13 @@ How a departure is told from normal variation:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from detectors.robust import MAD_TO_SIGMA, Array, nanmedian, zero_nan
-from detectors.sequential import Cusum
+from detectors.sequential import Cusum, cusum_step
 
 OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a stream's own offset adapts
 OFFSET_WARMUP_UPDATES = 24  # plain running mean until a stream has this many updates
@@ -144,34 +145,74 @@ class StreamTable:
         return rows
 
 
-def advance(level: PeerLevel, spec: MetricSpec, test: Cusum, comparable: bool, last: int,
-            bin_seconds: float, streams: StreamTable,
-            noise: dict[str, list[float | None]]) -> Outcome:
-    """Advance every stream of one level by the latest bin (``comparable``: the job is
-    in a phase where peers are compared; otherwise the sums hold and nothing is
-    learned). Streams of keys no longer in the level are forgotten."""
-    if not level.keys:
-        streams.keys, streams.rows = [], np.empty((0, 0))
-        return Outcome({}, set(), set())
+_A = TypeVar("_A", Array, NDArray[np.bool_])
+
+
+@dataclass
+class Comparison:
+    """One level's comparison for the latest bin: the level, its test, its live
+    streams and its noise memory (both updated by ``advance``)."""
+
+    level: PeerLevel
+    test: Cusum
+    streams: StreamTable
+    noise: dict[str, list[float | None]]
+
+
+def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, last: int,
+            bin_seconds: float) -> list[Outcome]:
+    """Advance every stream of each comparison by the latest bin (``comparable``: the
+    job is in a phase where peers are compared; otherwise the sums hold and nothing
+    is learned); one outcome per comparison. Streams of keys no longer in a level are
+    forgotten.
+
+    The levels' streams go side by side, one column each, through one pass of the
+    test: every step below is per stream, except each level's noise and reference,
+    taken over its own columns. One pass costs about half of one per level (a step
+    of a small job is mostly numpy's overhead per call), and the arithmetic per
+    stream is the same, so the results are identical to the bit.
+    """
+    for c in comparisons:
+        if not c.level.keys:
+            c.streams.keys, c.streams.rows = [], np.empty((0, 0))
+    live = [c for c in comparisons if c.level.keys]
+    if not live:
+        return [Outcome({}, set(), set()) for _ in comparisons]
     m = len(spec.names)
-    rows = streams.rows_for(level.keys, _fresh(m))  # streams × fields
-    f = rows[:, :_FIELDS * m].reshape(len(level.keys), _FIELDS, m).transpose(1, 2, 0)
+    fresh = _fresh(m)
+    sizes = [len(c.level.keys) for c in live]
+    spans = [slice(a, a + n) for a, n in zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes,
+                                             strict=True)]
+    rows = _joined([c.streams.rows_for(c.level.keys, fresh) for c in live], axis=0)
+    n = rows.shape[0]
+    valid = _joined([c.level.valid for c in live])
+    deviation = _joined([c.level.deviation for c in live])
+    peer_level = _joined([c.level.peer_level for c in live])
+    k, h, clip, ceiling = (np.repeat([getattr(c.test, a) for c in live], sizes)
+                           for a in ("k", "h", "clip", "ceiling"))
+    f = rows[:, :_FIELDS * m].reshape(n, _FIELDS, m).transpose(1, 2, 0)
     count = np.asarray(rows[:, -2], dtype=np.float64)
     born = np.asarray(rows[:, -1], dtype=np.float64)
     before = f[SUM].copy()
-    departure = np.where(level.valid, level.deviation - f[OFF], np.nan)
+    departure = np.where(valid, deviation - f[OFF], np.nan)
     offset = f[OFF]
-    beyond = np.zeros(len(level.keys), dtype=bool)  # learned further off than the cap
-    if np.isfinite(level.cap):
-        bound = level.cap * np.abs(zero_nan(level.peer_level))
+    beyond = np.zeros(n, dtype=bool)  # learned further off than the cap
+    if any(np.isfinite(c.level.cap) for c in live):
+        bound = _joined([c.level.cap * np.abs(zero_nan(c.level.peer_level))
+                         if np.isfinite(c.level.cap) else np.full(c.level.valid.shape, np.inf)
+                         for c in live])
         offset = np.clip(offset, -bound, bound)
         beyond = np.any(np.abs(f[OFF]) > bound, axis=0)
     training: NDArray[np.bool_] = count < TRAINING_BINS  # not known yet: not tested
-    residual = np.where(level.valid & ~training, level.deviation - offset, np.nan)
-    if level.recenter:  # the peers' reference after their own offsets
-        residual = residual - np.expand_dims(nanmedian(residual, axis=1), 1)
-    job_sigma = _noise(residual, level.peer_level, spec, comparable, bin_seconds,
-                       noise)[:, None]
+    residual = np.where(valid & ~training, deviation - offset, np.nan)
+    sigmas = []
+    for c, span in zip(live, spans, strict=True):
+        if c.level.recenter:  # the peers' reference after their own offsets
+            residual[:, span] = residual[:, span] - np.expand_dims(
+                nanmedian(residual[:, span], axis=1), 1)
+        sigmas.append(_noise(residual[:, span], peer_level[:, span], spec, comparable,
+                             bin_seconds, c.noise))
+    job_sigma = np.repeat(np.stack(sigmas, axis=1), sizes, axis=1)  # metrics × streams
     base = np.fmax(job_sigma, np.sqrt(f[VAR]))
     scale = base * _persistence(f)
     # load shed is judged against the stream's whole learned normal (uncapped): a GPU
@@ -181,8 +222,8 @@ def advance(level: PeerLevel, spec: MetricSpec, test: Cusum, comparable: bool, l
     if not comparable:  # the sums hold
         z = below = np.full(residual.shape, np.nan)
     toward = spec.direction[:, None]
-    f[SUM] = test.step(before, toward * z)
-    f[SHED] = test.step(f[SHED], -toward * below)
+    f[SUM] = cusum_step(before, toward * z, k, clip, ceiling)
+    f[SHED] = cusum_step(f[SHED], -toward * below, k, clip, ceiling)
     born = np.where(born < 0, last, born)
     # a stream that was already beyond the cap while it trained holds a fault older
     # than its training: that fault is dated from the stream's first bin
@@ -191,13 +232,21 @@ def advance(level: PeerLevel, spec: MetricSpec, test: Cusum, comparable: bool, l
     if comparable:
         first = count == 0  # its first bin sets its offset
         evidence = np.max(before, axis=0)
-        count = _learn(f, count, level, np.where(first, departure, np.clip(
+        count = _learn(f, count, valid, np.where(first, departure, np.clip(
             departure, -HUBER * job_sigma, HUBER * job_sigma)),
-            training | (evidence <= 2 * test.k), evidence < test.h / 2, bin_seconds)
-    streams.keys = list(level.keys)
-    streams.rows = np.concatenate([f.transpose(2, 0, 1).reshape(len(level.keys), -1),
-                                   count[:, None], born[:, None]], axis=1)
-    return _outcome(level, spec, test, f, z)
+            training | (evidence <= 2 * k), evidence < h / 2, bin_seconds)
+    table = np.concatenate([f.transpose(2, 0, 1).reshape(n, -1), count[:, None],
+                            born[:, None]], axis=1)
+    outcomes = {}
+    for c, span in zip(live, spans, strict=True):
+        c.streams.keys, c.streams.rows = list(c.level.keys), table[span]
+        outcomes[id(c)] = _outcome(c.level, spec, c.test, f[:, :, span], z[:, span])
+    return [outcomes.get(id(c), Outcome({}, set(), set())) for c in comparisons]
+
+
+def _joined(parts: list[_A], axis: int = 1) -> _A:
+    """The levels' arrays side by side (one level: itself, not copied)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
 
 def _outcome(level: PeerLevel, spec: MetricSpec, test: Cusum, f: Array,
@@ -252,8 +301,8 @@ def _persistence(f: Array) -> Array:
     return np.asarray(np.sqrt((1 + rho) / (1 - rho)), dtype=np.float64)
 
 
-def _learn(f: Array, count: Array, level: PeerLevel, residual: Array, quiet: Array,
-           calm: Array, bin_seconds: float) -> Array:
+def _learn(f: Array, count: Array, valid: NDArray[np.bool_], residual: Array,
+           quiet: Array, calm: Array, bin_seconds: float) -> Array:
     """What a stream learns from this bin; returns the new update counts.
 
     - Its *offset* moves towards its departure while it is ``quiet`` (its sums held
@@ -273,11 +322,11 @@ def _learn(f: Array, count: Array, level: PeerLevel, residual: Array, quiet: Arr
     estimate): the first bins of a fault barely move what was learned, and a
     stream's own noise can never exceed ``HUBER`` times the level's.
     """
-    learn = quiet & np.any(level.valid, axis=0)
+    learn = quiet & np.any(valid, axis=0)
     new_count = np.where(learn, count + 1, count)
     a = np.where(new_count <= OFFSET_WARMUP_UPDATES, 1.0 / np.maximum(new_count, 1),
                  min(1.0, bin_seconds / OFFSET_TIME_CONSTANT))
-    moved = f[OFF] + a * np.where(level.valid, zero_nan(residual), 0.0)
+    moved = f[OFF] + a * np.where(valid, zero_nan(residual), 0.0)
     known = calm & ~np.isnan(residual) & (count >= TRAINING_BINS)  # once trained
     now = np.where(known, residual, 0.0)
     # a plain mean that starts from a prior of zero worth ``VARIANCE_PRIOR`` bins (the

@@ -91,6 +91,13 @@ class Cusum:
     def step(self, total: Array, z: Array) -> Array:
         """One bin: the new sums of evidence for a rise of ``z``. Where ``z`` is NaN
         (no reading, too few peers, a phase that is not compared) a sum is held."""
-        with np.errstate(invalid="ignore"):
-            new = np.clip(total + np.minimum(z, self.clip) - self.k, 0.0, self.ceiling)
-        return np.where(np.isnan(z), total, new)
+        return cusum_step(total, z, self.k, self.clip, self.ceiling)
+
+
+def cusum_step(total: Array, z: Array, k: float | Array, clip: float | Array,
+               ceiling: float | Array) -> Array:
+    """``Cusum.step`` with its constants given, each a number or one per column: the
+    streams of several tests advance in one pass."""
+    with np.errstate(invalid="ignore"):
+        new = np.clip(total + np.minimum(z, clip) - k, 0.0, ceiling)
+    return np.where(np.isnan(z), total, new)

@@ -59,7 +59,14 @@ import numpy as np
 
 from contracts.catalog import GPU_METRICS
 from detectors.findings import Finding, fmt
-from detectors.peer_streams import Departure, MetricSpec, PeerLevel, StreamTable, advance
+from detectors.peer_streams import (
+    Comparison,
+    Departure,
+    MetricSpec,
+    PeerLevel,
+    StreamTable,
+    advance,
+)
 from detectors.robust import Array, nanmedian
 from detectors.sequential import Cusum
 from detectors.window import WindowView
@@ -137,10 +144,11 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     learned = memory.setdefault("streams", {})
     for level in ("node", "gpu"):
         learned[level] = StreamTable.load(learned.get(level))
-    nodes = advance(node_level, SPEC, p.node_test, comparable, last, view.bin_seconds,
-                    learned["node"], learned.setdefault("noise_node", {}))
-    gpus = advance(gpu_level, SPEC, p.gpu_test, comparable, last, view.bin_seconds,
-                   learned["gpu"], learned.setdefault("noise_gpu", {}))
+    nodes, gpus = advance(
+        [Comparison(node_level, p.node_test, learned["node"],
+                    learned.setdefault("noise_node", {})),
+         Comparison(gpu_level, p.gpu_test, learned["gpu"], learned.setdefault("noise_gpu", {}))],
+        SPEC, comparable, last, view.bin_seconds)
     findings = []
     flagged_nodes = set()
     for node, devs in sorted(nodes.found.items()):
