@@ -137,10 +137,12 @@ class JobWindow:
         self._max_at = {k: [i for i, m in enumerate(v) if m in BIN_MAX_METRICS]
                         for k, v in self.metrics.items()}
         self._read_all = {k: _reader(v) for k, v in self.metrics.items()}
+        self._metric_at = {k: {m: i for i, m in enumerate(v)} for k, v in self.metrics.items()}
         # derived, not persisted: the last sorted device list per section, and the
-        # last window's (entities, metrics, bins, matrices) per section
+        # last settled window's block per section
         self._sorted: dict[str, tuple[frozenset[Entity], list[Entity]]] = {}
-        self._last: dict[str, tuple[list[Entity], tuple[str, ...], range, dict[str, Array]]] = {}
+        # section → (entities, bins, block) of the last settled window (``matrices``)
+        self._last: dict[str, tuple[list[Entity], range, Array]] = {}
         self._layout: ViewLayout | None = None
 
     def to_state(self) -> dict[str, Any]:
@@ -205,7 +207,7 @@ class JobWindow:
         self.sealed[str(b)] = {section: self._seal_section(section, raw, b)
                                for section in ("g", "n")}
         for section, last in list(self._last.items()):
-            if last[2] and b <= last[2][-1]:  # kept as empty, it now holds data
+            if last[1] and b <= last[1][-1]:  # kept as empty, it now holds data
                 del self._last[section]
 
     def first_bin_from(self, b: int) -> int | None:
@@ -264,41 +266,40 @@ class JobWindow:
     def matrices(self, section: str, metrics: tuple[str, ...], entities: list[Entity],
                  bins: range) -> dict[str, Array]:
         """Metric → (entities × bins) means; NaN where nothing was read. Read-only
-        arrays: they are kept, and the next step's window (one bin on, same devices)
-        is the kept one shifted by a column plus the new bin's column."""
+        arrays: views of one (metrics × entities × bins) block, which is kept; the
+        next step's window (one bin on, same devices) is the kept block shifted by a
+        column plus the new bin's column, in one copy for every metric."""
         settled = not any(str(b) in self.open for b in bins)  # sealed or empty: final
         last = self._last.get(section)
-        shift = bins.start - last[2].start if last is not None else -1
-        if (settled and last is not None and last[0] == entities and last[1] == metrics
-                and len(last[2]) == len(bins) and 0 <= shift < len(bins)):
-            fresh = self._block(section, metrics, entities, bins[len(bins) - shift:])
-            out = {m: np.concatenate((last[3][m][:, shift:], fresh[m]), axis=1)
-                   for m in metrics}
+        shift = bins.start - last[1].start if last is not None else -1
+        if (settled and last is not None and last[0] == entities
+                and len(last[1]) == len(bins) and 0 <= shift < len(bins)):
+            block = np.concatenate(
+                (last[2][:, :, shift:], self._block(section, entities, bins[len(bins) - shift:])),
+                axis=2)
         else:
-            out = self._block(section, metrics, entities, bins)
-        for matrix in out.values():
-            matrix.flags.writeable = False
+            block = self._block(section, entities, bins)
+        block.flags.writeable = False
         if settled:
-            self._last[section] = (list(entities), metrics, bins, out)
-        return out
+            self._last[section] = (list(entities), bins, block)
+        at = self._metric_at[section]
+        return {m: block[at[m]] if m in at else np.full((len(entities), len(bins)), np.nan)
+                for m in metrics}
 
-    def _block(self, section: str, metrics: tuple[str, ...], entities: list[Entity],
-               bins: range) -> dict[str, Array]:
-        """Metric → (entities × bins) means, built bin by bin."""
-        at = {m: self.metrics[section].index(m) for m in metrics if m in self.metrics[section]}
-        cube = np.full((len(entities), len(bins), len(self.metrics[section])), np.nan)
+    def _block(self, section: str, entities: list[Entity], bins: range) -> Array:
+        """(the section's metrics × entities × bins) means, built bin by bin."""
+        block = np.full((len(self.metrics[section]), len(entities), len(bins)), np.nan)
         for j, b in enumerate(bins):
             part = self._section(section, b)
             if part.devices == entities:
-                cube[:, j] = part.means
+                block[:, :, j] = part.means.T
             elif part.devices:
                 rows = part.rows()
                 mine = [(i, rows[e]) for i, e in enumerate(entities) if e in rows]
                 if mine:
                     to, of = zip(*mine, strict=True)
-                    cube[list(to), j] = part.means[list(of)]
-        return {m: cube[:, :, at[m]].copy() if m in at
-                else np.full((len(entities), len(bins)), np.nan) for m in metrics}
+                    block[:, list(to), j] = part.means[list(of)].T
+        return block
 
     def _section(self, section: str, b: int) -> SealedSection:
         """Bin ``b``'s section, sealed (an open bin's is computed, not kept)."""
