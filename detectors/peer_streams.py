@@ -188,8 +188,9 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     valid = _joined([c.level.valid for c in live])
     deviation = _joined([c.level.deviation for c in live])
     peer_level = _joined([c.level.peer_level for c in live])
-    k, h, clip, ceiling = (np.repeat([getattr(c.test, a) for c in live], sizes)
-                           for a in ("k", "h", "clip", "ceiling"))
+    k, h, clip, ceiling = np.repeat(  # each test's constants, one column a stream
+        np.array([(c.test.k, c.test.h, c.test.clip, c.test.ceiling) for c in live]).T,
+        sizes, axis=1)
     f = rows[:, :_FIELDS * m].reshape(n, _FIELDS, m).transpose(1, 2, 0)
     count = np.asarray(rows[:, -2], dtype=np.float64)
     born = np.asarray(rows[:, -1], dtype=np.float64)
