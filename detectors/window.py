@@ -12,8 +12,8 @@ import base64
 import functools
 import math
 import operator
+import struct
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,11 +35,14 @@ BIN_MAX_METRICS = frozenset({"pcie_gen", "pcie_width", "ib_rate"})
 Entity = tuple[str, str]  # (node, gpu index or NIC name)
 
 
-WINDOW_LAYOUT = 4  # the layout of the state below; a checkpoint in another starts empty
-READABLE_LAYOUTS = (3, WINDOW_LAYOUT)  # 3: each sealed bin listed its devices itself
+WINDOW_LAYOUT = 5  # the layout of the state below; a checkpoint in another starts empty
+# 3: each sealed bin listed its devices itself; 3 and 4: an open bin's entries were
+# lists of numbers (None: no reading)
+READABLE_LAYOUTS = (3, 4, WINDOW_LAYOUT)
 # one device's values of the window's metrics, in order (a tuple from a full sample)
 Readings = Sequence[float | None]
-RawBin = dict[str, dict[str, dict[str, list[Readings]]]]  # node → section → device → entries
+# node → section → device → its entries in the bin: float64 values packed end to end
+RawBin = dict[str, dict[str, dict[str, bytearray]]]
 
 
 class SealedSection:
@@ -100,11 +103,16 @@ class JobWindow:
     """Binned readings of one job, in two stages.
 
     - Open bins (``open[b][node]['g'|'n'][dev]``): every sample's values of the
-      window's metrics, a sequence each in the window's metric order (None: no
-      reading), appended as they come. A sample carrying every metric costs one
-      C-level ``itemgetter`` call per device (a tuple); folding running sums reading
-      by reading at ingest was most of the ingest cost (bench/RESULTS.md, "Replay
-      speed").
+      window's metrics, in the window's metric order (NaN: no reading), packed as
+      float64 onto the end of one ``bytearray`` per device and bin. A sample carrying
+      every metric costs two C calls per device (``itemgetter``, ``struct.pack``);
+      folding running sums reading by reading at ingest was most of the ingest cost
+      (bench/RESULTS.md, "Replay speed"). Packed at once, the values are read back
+      at the seal as one buffer: kept as Python floats until then, they were
+      scattered over the heap, and turning them into an array cost 60-70 ns each,
+      most of a large job's step (bench/RESULTS.md, issue #18, third session). A
+      bytearray is also one object a device, where a list of tuples of floats was
+      a dozen the garbage collector had to walk.
     - Sealed bins (``sealed[b][section]``, ``SealedSection``): each metric's mean over
       the bin (``BIN_MAX_METRICS``: the largest reading) as one numpy array per
       section, 8 bytes a reading. ``seal(b)`` turns an open bin into that once the
@@ -126,7 +134,8 @@ class JobWindow:
         self.restored = (state.get("layout") in READABLE_LAYOUTS  # these metrics
                          and state.get("metrics") == {k: list(v)
                                                       for k, v in self.metrics.items()})
-        self.open: dict[str, RawBin] = state["open"] if self.restored else {}
+        self.open: dict[str, RawBin] = (_open_from_state(state["open"], state["layout"])
+                                        if self.restored else {})
         # bins that shared a device list share it again (steps compare lists by identity)
         device_lists = [[(n, d) for n, d in listed]
                         for listed in state.get("device_lists", [])] if self.restored else []
@@ -137,6 +146,7 @@ class JobWindow:
         self._max_at = {k: [i for i, m in enumerate(v) if m in BIN_MAX_METRICS]
                         for k, v in self.metrics.items()}
         self._read_all = {k: _reader(v) for k, v in self.metrics.items()}
+        self._pack = {k: _packer(len(v)) for k, v in self.metrics.items()}
         self._metric_at = {k: {m: i for i, m in enumerate(v)} for k, v in self.metrics.items()}
         # derived, not persisted: the last sorted device list per section, and the
         # last settled window's block per section
@@ -156,7 +166,12 @@ class JobWindow:
                     numbers[id(part.devices)] = len(device_lists)
                     device_lists.append(part.devices)
         return {"layout": WINDOW_LAYOUT, "device_lists": device_lists,
-                "metrics": {k: list(v) for k, v in self.metrics.items()}, "open": self.open,
+                "metrics": {k: list(v) for k, v in self.metrics.items()},
+                "open": {b: {node: {section: {dev: base64.b64encode(entries).decode()
+                                              for dev, entries in devices.items()}
+                                    for section, devices in data.items()}
+                             for node, data in nodes.items()}
+                         for b, nodes in self.open.items()},
                 "sealed": {b: {k: v.to_state(numbers[id(v.devices)])
                                for k, v in sections.items()}
                            for b, sections in self.sealed.items()}}
@@ -182,6 +197,7 @@ class JobWindow:
         for section, devices in (("g", sample["gpus"]), ("n", sample["nics"])):
             metrics = self.metrics[section]
             read_all = self._read_all[section]
+            pack = self._pack[section]
             target = node_bin[section]
             kept = mine[section] if mine is not None else None
             for dev, readings in devices.items():
@@ -190,14 +206,16 @@ class JobWindow:
                 except KeyError:  # some metric missing: held values fill in
                     values = (held.fill(kept, dev, metrics, readings, ts)  # type: ignore[union-attr]
                               if kept is not None else list(map(readings.get, metrics)))
+                    packed = pack(*[math.nan if v is None else v for v in values])
                 else:
                     if kept is not None:
                         held.remember(kept, dev, values, ts)  # type: ignore[union-attr]
+                    packed = pack(*values)
                 entries = target.get(dev)
                 if entries is None:
-                    target[dev] = [values]
+                    target[dev] = bytearray(packed)
                 else:
-                    entries.append(values)
+                    entries += packed
 
     def seal(self, b: int) -> None:
         """Bin ``b`` is closed: keep only its means (no sample may enter it after)."""
@@ -323,23 +341,28 @@ class JobWindow:
         stacks = [raw[node][section][dev] for node, dev in devices]
         return SealedSection(devices, self._bin_means(section, stacks, width), known)
 
-    def _bin_means(self, section: str, stacks: list[list[Readings]], width: int) -> Array:
+    def _bin_means(self, section: str, stacks: list[bytearray], width: int) -> Array:
         """(devices × metrics): each metric's mean over each device's entries in one
         bin (``BIN_MAX_METRICS``: the largest), NaN where it has no reading.
 
-        The entries go into one (devices × entries × metrics) array, None as NaN, a
-        device with fewer entries padded with NaN, and are reduced along the entries:
-        a handful of numpy calls per bin and section, where a Python pass per device
-        and metric was a tenth of replay's time. numpy sums along a middle axis entry
-        by entry, in arrival order, as Python's ``sum`` did, so the means are the
-        same to the last bit (``reduceat`` is not: it sums in another order)."""
-        deepest = max(map(len, stacks), default=1)
+        The devices' packed entries, joined, are one (devices × entries × metrics)
+        array, a device with fewer entries padded with NaN, and are reduced along
+        the entries: a handful of numpy calls per bin and section. numpy sums along a
+        middle axis entry by entry, in arrival order, as Python's ``sum`` did, so the
+        means are the same to the last bit (``reduceat`` is not: it sums in another
+        order)."""
+        if not stacks or not width:
+            return np.full((len(stacks), width), np.nan)
+        row = width * 8
+        full = max(map(len, stacks))
+        deepest = full // row
+        if any(len(s) != full for s in stacks):  # pad the shorter ones with NaN entries
+            stacks = [s if len(s) == full else s + _nan_row(width) * ((full - len(s)) // row)
+                      for s in stacks]
+        cube = np.frombuffer(b"".join(stacks), dtype=np.float64).reshape(
+            len(stacks), deepest, width)
         if deepest == 1:  # one entry each: the entries are the means
-            return _floats([s[0] for s in stacks], (len(stacks), width))
-        pad = (None,) * width  # NaN entries for a device with fewer than the deepest
-        entries = chain.from_iterable(s if len(s) == deepest else [*s, *[pad] * (deepest - len(s))]
-                                      for s in stacks)
-        cube = _floats(list(entries), (len(stacks), deepest, width))
+            return cube[:, 0]
         absent = np.isnan(cube)
         with np.errstate(invalid="ignore"):
             means = (np.where(absent, 0.0, cube).sum(axis=1)
@@ -350,16 +373,34 @@ class JobWindow:
         return means
 
 
-def _floats(entries: list[Readings], shape: tuple[int, ...]) -> Array:
-    """Entries (each a device's values, in order) as one float64 array of ``shape``;
-    None → NaN. ``fromiter`` over the values is ~30 % faster than ``np.array`` over
-    nested sequences, which first works out their shape; it refuses None, which only
-    a metric neither published nor held leaves, and those take the slower path."""
-    try:
-        return np.fromiter(chain.from_iterable(entries), dtype=np.float64,
-                           count=math.prod(shape)).reshape(shape)
-    except TypeError:
-        return np.array(entries, dtype=np.float64).reshape(shape)
+@functools.cache
+def _packer(width: int) -> Callable[..., bytes]:
+    """``pack(*values)``: ``width`` numbers as native float64 bytes (``struct``, in C;
+    ``struct.error`` on a value that is not a number)."""
+    return struct.Struct(f"@{width}d").pack
+
+
+@functools.cache
+def _nan_row(width: int) -> bytes:
+    """One entry of ``width`` NaN values, packed."""
+    return _packer(width)(*[math.nan] * width)
+
+
+def _open_from_state(stored: dict[str, Any], layout: int) -> dict[str, RawBin]:
+    """Open bins from a checkpoint: each device's entries as base64 of their packed
+    values, or (layouts 3 and 4) as lists of numbers with None for no reading."""
+    if layout >= 5:
+        return {b: {node: {section: {dev: bytearray(base64.b64decode(entries))
+                                     for dev, entries in devices.items()}
+                           for section, devices in data.items()}
+                    for node, data in nodes.items()}
+                for b, nodes in stored.items()}
+    return {b: {node: {section: {dev: bytearray(b"".join(
+        _packer(len(e))(*[math.nan if v is None else v for v in e]) for e in entries))
+                                 for dev, entries in devices.items()}
+                       for section, devices in data.items()}
+                for node, data in nodes.items()}
+            for b, nodes in stored.items()}
 
 
 def _reader(metrics: tuple[str, ...]) -> Callable[[dict[str, float]], Readings]:

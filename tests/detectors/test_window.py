@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
@@ -62,21 +63,49 @@ def test_a_checkpoint_writes_each_device_list_once_and_reads_the_previous_layout
         engine.advance()
     state = json.loads(json.dumps(engine.window.to_state()))
     assert len(state["sealed"]) >= 12 and len(state["device_lists"]) == 2  # GPUs, NICs
-    # layout 3 listed the devices in every bin
-    old = {**state, "layout": 3, "sealed": {
+    assert state["open"]  # the newest samples wait in an open bin
+    # layout 3 listed the devices in every bin; layouts 3 and 4 kept an open bin's
+    # entries as lists of numbers, None for no reading
+    widths = {"g": len(engine.window.gpu_metrics), "n": len(engine.window.nic_metrics)}
+    listed = {b: {node: {k: {dev: _entries(text, widths[k]) for dev, text in devices.items()}
+                         for k, devices in data.items()}
+                  for node, data in nodes.items()}
+              for b, nodes in state["open"].items()}
+    old = {**state, "layout": 3, "open": listed, "sealed": {
         b: {k: {**part, "devices": state["device_lists"][part["devices"]]}
             for k, part in sections.items()} for b, sections in state["sealed"].items()}}
     del old["device_lists"]
     last = (engine.next_bin or 0) - 1
     bins = range(last - engine.window_bins + 1, last + 1)
     restored = [JobWindow(5.0, s, engine.window.gpu_metrics, engine.window.nic_metrics)
-                for s in (state, old)]
+                for s in (state, old, {**state, "layout": 4, "open": listed})]
     assert all(w.restored for w in restored)
+    assert all(w.open == engine.window.open for w in restored)  # the same packed bytes
     views = [WindowView(w, bins) for w in restored]
     for m in engine.window.gpu_metrics:
-        np.testing.assert_array_equal(views[0].gpu(m), views[1].gpu(m))
+        for view in views[1:]:
+            np.testing.assert_array_equal(views[0].gpu(m), view.gpu(m))
         np.testing.assert_array_equal(views[0].gpu(m), WindowView(engine.window, bins).gpu(m))
     assert views[0].gpus == views[1].gpus and len(views[0].gpus) == 32
+
+
+def _entries(text: str, width: int) -> list[list[float | None]]:
+    """A device's packed entries (base64) as layout 4 kept them."""
+    values = [None if np.isnan(v) else float(v)
+              for v in np.frombuffer(base64.b64decode(text), dtype=np.float64)]
+    return [values[i:i + width] for i in range(0, len(values), width)]
+
+
+def test_a_reading_neither_sent_nor_held_is_no_reading_in_the_bin_mean() -> None:
+    window = JobWindow(5.0, gpu_metrics=("sm_active", "power"), nic_metrics=())
+    for ts, readings in ((10.0, {"sm_active": 0.2, "power": 300.0}), (11.0, {"sm_active": 0.4}),
+                         (12.0, {"power": 340.0})):
+        window.add({"schema": "vigil.sample/1", "ts": ts, "job": "j", "node": "n",  # type: ignore[typeddict-item]
+                    "gpus": {"0": readings}, "host": {}, "nics": {}})
+    window.seal(2)
+    view = WindowView(window, range(2, 3))
+    assert view.gpu("sm_active")[0, 0] == pytest.approx(0.3)
+    assert view.gpu("power")[0, 0] == pytest.approx(320.0)
 
 
 def test_kept_matrices_cannot_be_changed_by_a_detector() -> None:
