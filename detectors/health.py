@@ -218,10 +218,14 @@ class HealthMonitor:
                     f"its node still reports: it may have fallen off the bus.", g["last"],
                     {"last_seen": g["last"]}, fire_after=1))
         silent: list[Finding] = []
-        after = {n: self.silence_after(n) for n in self.nodes}
-        active = [n for n, t in self.nodes.items() if now - t < after[n]]
+        # a node heard from within the shortest silence any node can be given is not
+        # silent: only the others are given their own (``silence_after``)
+        shortest = min(p.silent_seconds, MAX_SILENT_SECONDS)
+        after = {n: self.silence_after(n) for n, t in self.nodes.items() if now - t >= shortest}
+        active = [n for n, t in self.nodes.items() if n not in after or now - t < after[n]]
         if active:
-            for node, last in sorted(self.nodes.items()):
+            for node in sorted(after):
+                last = self.nodes[node]
                 if now - last >= after[node]:
                     silent.append(Finding(
                         "node_silent", node, None, "critical", (), now - last,

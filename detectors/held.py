@@ -96,7 +96,9 @@ class HeldReadings:
         for node in list(self.state):
             sections = self.state[node]
             for devices in sections.values():
-                for dev in list(devices):
+                # most devices were replaced whole since ``ts``: nothing of theirs to drop
+                for dev in [d for d, (_, times, newest) in devices.items()
+                            if newest < ts or times is not None]:
                     held, times, newest = devices[dev]
                     if newest < ts:
                         del devices[dev]

@@ -330,16 +330,23 @@ class JobWindow:
         return self._seal_section(section, raw, b)
 
     def _seal_section(self, section: str, raw: RawBin, b: int) -> SealedSection:
-        found = [(node, dev) for node, data in raw.items() for dev in data[section]]
-        before = self.sealed.get(str(b - 1), {}).get(section)
-        if before is not None and len(before.devices) == len(found) \
-                and before.device_set().issuperset(found):
-            devices, known = before.devices, before.device_set()  # shared, not sorted again
-        else:
-            devices, known = _sorted_devices(found), None
         width = len(self.metrics[section])
+        before = self.sealed.get(str(b - 1), {}).get(section)
+        # the usual case: the bin holds the previous bin's devices, as many and every
+        # one of them, so that list is shared (not built and sorted again)
+        if before is not None and len(before.devices) == sum(
+                len(data[section]) for data in raw.values()):
+            try:
+                stacks = [raw[node][section][dev] for node, dev in before.devices]
+            except KeyError:
+                pass
+            else:
+                return SealedSection(before.devices, self._bin_means(section, stacks, width),
+                                     before.device_set())
+        devices = _sorted_devices((node, dev) for node, data in raw.items()
+                                  for dev in data[section])
         stacks = [raw[node][section][dev] for node, dev in devices]
-        return SealedSection(devices, self._bin_means(section, stacks, width), known)
+        return SealedSection(devices, self._bin_means(section, stacks, width))
 
     def _bin_means(self, section: str, stacks: list[bytearray], width: int) -> Array:
         """(devices × metrics): each metric's mean over each device's entries in one
@@ -354,9 +361,10 @@ class JobWindow:
         if not stacks or not width:
             return np.full((len(stacks), width), np.nan)
         row = width * 8
-        full = max(map(len, stacks))
+        sizes = list(map(len, stacks))
+        full = max(sizes)
         deepest = full // row
-        if any(len(s) != full for s in stacks):  # pad the shorter ones with NaN entries
+        if sizes.count(full) != len(sizes):  # pad the shorter ones with NaN entries
             stacks = [s if len(s) == full else s + _nan_row(width) * ((full - len(s)) // row)
                       for s in stacks]
         cube = np.frombuffer(b"".join(stacks), dtype=np.float64).reshape(
