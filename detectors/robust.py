@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+PARTITION_FROM = 64  # peers along the axis from which ``nanmedian`` selects, not sorts
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution × this = its standard deviation
 
 Array = NDArray[np.float64]
@@ -25,6 +26,13 @@ def nanmedian(values: Array, axis: int) -> Array:
     n = values.shape[axis]
     if n == 0:
         return np.full(np.delete(values.shape, axis), np.nan)
+    if n >= PARTITION_FROM and not np.isnan(values).any():
+        # long peer groups without NaN: the two middle values by selection, not a full
+        # sort (~3x faster at 16,384 GPUs; slower on short axes). The same values;
+        # only zeros of both signs in the middle may give the other zero
+        lo, hi = (n - 1) // 2, n // 2
+        middle = np.partition(values, (lo, hi) if lo != hi else lo, axis=axis)
+        return (middle.take(lo, axis=axis) + middle.take(hi, axis=axis)) / 2
     ordered = np.sort(values, axis=axis)
     absent = np.isnan(ordered)
     if not absent.any():  # the usual case: the two middle values of the sort

@@ -30,6 +30,22 @@ def test_nanmedian_is_numpys_to_the_last_bit(values: np.ndarray, axis: int,
 
 
 @settings(max_examples=100, deadline=None)
+@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(64, 150)),
+                  elements=st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))),
+       st.booleans())
+def test_long_peer_groups_give_numpys_median_too(values: np.ndarray, with_nan: bool) -> None:
+    # from PARTITION_FROM peers the median is selected, not sorted: same values
+    if not with_nan:
+        values = np.nan_to_num(values, nan=1.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for axis in (0, 1):
+            np.testing.assert_array_equal(nanmedian(values.T if axis == 0 else values, axis),
+                                          np.nanmedian(values.T if axis == 0 else values,
+                                                       axis=axis))
+
+
+@settings(max_examples=100, deadline=None)
 @given(hnp.arrays(np.float64, st.tuples(st.integers(1, 5), st.integers(1, 10)),
                   elements=finite_or_nan), st.floats(0.5, 5), st.integers(1, 6))
 def test_persistence_counts_match_the_definition(scores: np.ndarray, thr: float,
