@@ -372,9 +372,12 @@ class JobWindow:
         if deepest == 1:  # one entry each: the entries are the means
             return cube[:, 0]
         absent = np.isnan(cube)
-        with np.errstate(invalid="ignore"):
-            means = (np.where(absent, 0.0, cube).sum(axis=1)
-                     / (~absent).sum(axis=1, dtype=np.float64))
+        if not absent.any():  # every entry read every metric: plain sums
+            means = cube.sum(axis=1) / float(deepest)
+        else:
+            with np.errstate(invalid="ignore"):
+                means = (np.where(absent, 0.0, cube).sum(axis=1)
+                         / (~absent).sum(axis=1, dtype=np.float64))
         maxed = self._max_at[section]
         if maxed:
             means[:, maxed] = np.fmax.reduce(cube[:, :, maxed], axis=1)
