@@ -109,6 +109,9 @@ def _replicas_and_isr(cfg: Config, name: str) -> tuple[set[int], str]:
         for _ in range(50):
             try:
                 [topic] = admin.describe_topics([name])
+                if not topic["partitions"]:  # the broker asked knows the name, not yet
+                    time.sleep(0.2)          # its partitions (seen under load)
+                    continue
                 found = admin.describe_configs(
                     [ConfigResource(ConfigResourceType.TOPIC, name,
                                     configs=["min.insync.replicas"])], config_filter="all")
