@@ -27,6 +27,7 @@ How a departure is told from normal variation:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TypeVar
 
 import numpy as np
@@ -181,8 +182,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     m = len(spec.names)
     fresh = _fresh(m)
     sizes = [len(c.level.keys) for c in live]
-    spans = [slice(a, a + n) for a, n in zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes,
-                                             strict=True)]
+    spans = [slice(end - n, end) for end, n in zip(accumulate(sizes), sizes, strict=True)]
     rows = _joined([c.streams.rows_for(c.level.keys, fresh) for c in live], axis=0)
     n = rows.shape[0]
     valid = _joined([c.level.valid for c in live])

@@ -167,11 +167,7 @@ class JobWindow:
                     device_lists.append(part.devices)
         return {"layout": WINDOW_LAYOUT, "device_lists": device_lists,
                 "metrics": {k: list(v) for k, v in self.metrics.items()},
-                "open": {b: {node: {section: {dev: base64.b64encode(entries).decode()
-                                              for dev, entries in devices.items()}
-                                    for section, devices in data.items()}
-                             for node, data in nodes.items()}
-                         for b, nodes in self.open.items()},
+                "open": _each_device(self.open, lambda e: base64.b64encode(e).decode()),
                 "sealed": {b: {k: v.to_state(numbers[id(v.devices)])
                                for k, v in sections.items()}
                            for b, sections in self.sealed.items()}}
@@ -206,7 +202,7 @@ class JobWindow:
                 except KeyError:  # some metric missing: held values fill in
                     values = (held.fill(kept, dev, metrics, readings, ts)  # type: ignore[union-attr]
                               if kept is not None else list(map(readings.get, metrics)))
-                    packed = pack(*[math.nan if v is None else v for v in values])
+                    packed = _pack_gaps(pack, values)
                 else:
                     if kept is not None:
                         held.remember(kept, dev, values, ts)  # type: ignore[union-attr]
@@ -397,21 +393,27 @@ def _nan_row(width: int) -> bytes:
     return _packer(width)(*[math.nan] * width)
 
 
+def _pack_gaps(pack: Callable[..., bytes], values: Readings) -> bytes:
+    """``values`` packed, None (no reading) as NaN."""
+    return pack(*[math.nan if v is None else v for v in values])
+
+
+def _each_device(open_bins: dict[str, Any], convert: Callable[[Any], Any]) -> dict[str, Any]:
+    """Open bins (bin → node → section → device → entries) with each device's entries
+    converted."""
+    return {b: {node: {section: {dev: convert(entries) for dev, entries in devices.items()}
+                       for section, devices in data.items()}
+                for node, data in nodes.items()}
+            for b, nodes in open_bins.items()}
+
+
 def _open_from_state(stored: dict[str, Any], layout: int) -> dict[str, RawBin]:
     """Open bins from a checkpoint: each device's entries as base64 of their packed
     values, or (layouts 3 and 4) as lists of numbers with None for no reading."""
     if layout >= 5:
-        return {b: {node: {section: {dev: bytearray(base64.b64decode(entries))
-                                     for dev, entries in devices.items()}
-                           for section, devices in data.items()}
-                    for node, data in nodes.items()}
-                for b, nodes in stored.items()}
-    return {b: {node: {section: {dev: bytearray(b"".join(
-        _packer(len(e))(*[math.nan if v is None else v for v in e]) for e in entries))
-                                 for dev, entries in devices.items()}
-                       for section, devices in data.items()}
-                for node, data in nodes.items()}
-            for b, nodes in stored.items()}
+        return _each_device(stored, lambda e: bytearray(base64.b64decode(e)))
+    return _each_device(stored, lambda entries: bytearray(b"".join(
+        _pack_gaps(_packer(len(e)), e) for e in entries)))
 
 
 def _reader(metrics: tuple[str, ...]) -> Callable[[dict[str, float]], Readings]:

@@ -46,8 +46,8 @@ def _freeze_startup_heap() -> None:
     """Move every object alive now (modules, Faust, aiokafka, numpy: ~90,000 objects)
     out of the garbage collector's sight. They live as long as the process, yet each
     full collection walked them all: 0.42 s of GC in the oldest generation per
-    28,800 samples, 0.14 s after the freeze (bench/RESULTS.md, "Garbage collection in
-    the worker"). Reference counting still frees them; a reference cycle among them
+    28,800 samples, 0.14 s after the freeze (bench/RESULTS.md, "Issue #18, third
+    session"). Reference counting still frees them; a reference cycle among them
     that became garbage later would stay (bounded: nothing is frozen after startup)."""
     gc.collect()
     gc.freeze()
