@@ -104,7 +104,7 @@ class JobEngine:
         """The node now reports under another job (or none): forget it here, so it is
         never taken for a silent node of this job."""
         self.health.forget_node(node)
-        self.held.state.pop(node, None)
+        self.held.forget_node(node)
 
     def advance(self) -> list[Detection]:
         """Evaluate every bin closed by the watermark; return detections to publish."""

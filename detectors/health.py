@@ -188,15 +188,22 @@ class HealthMonitor:
     def evaluate(self, now: float) -> tuple[list[Finding], list[Finding]]:
         """(gpu_health, node_silent) findings at event time ``now``."""
         p = self.p
-        for key in [k for k, g in self.gpus.items() if now - g["last"] > FORGET_SECONDS]:
-            del self.gpus[key]
+        # most GPUs have nothing to tell, nor are they to be forgotten: one pass picks
+        # those that may be either, then only they are sorted and split
+        quiet = min(p.missing_gpu_seconds, FORGET_SECONDS)
+        maybe = []
+        for key in [k for k, g in self.gpus.items() if now - g["last"] >= quiet
+                    or g["thr"] is not None or "event" in g]:
+            g = self.gpus[key]
+            if now - g["last"] > FORGET_SECONDS:
+                del self.gpus[key]
+            elif (g.get("event") or g["thr"] is not None
+                  or now - g["last"] >= p.missing_gpu_seconds):
+                maybe.append(key)
         for node in [n for n, t in self.nodes.items() if now - t > FORGET_SECONDS]:
             del self.nodes[node]
             self.cadence.pop(node, None)
         health: list[Finding] = []
-        # most GPUs have nothing to tell: only those that may are sorted and split
-        maybe = [key for key, g in self.gpus.items() if g.get("event")
-                 or g["thr"] is not None or now - g["last"] >= p.missing_gpu_seconds]
         for key in sorted(maybe):
             g = self.gpus[key]
             node, gpu = key.rsplit("/", 1)

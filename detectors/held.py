@@ -15,6 +15,7 @@ monitor exactly as sent, so one XID is never repeated.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,18 +42,38 @@ class HeldReadings:
         state = state or {}
         self.state: HeldState = state.get("nodes", {}) \
             if state.get("layout") in READABLE_LAYOUTS else {}
+        # node → a time no later than anything held for it (a value's time, a device's
+        # newest): the sweep skips a node with nothing older than its cut. Not
+        # checkpointed: a node missing here (new, or restored) is visited by the next
+        # sweep, which takes its bound.
+        self.oldest: dict[str, float] = {}
+        self.earliest = -math.inf  # no later than every bound; -inf: some node has none
 
     def to_state(self) -> dict[str, Any]:
         """The held values, for a checkpoint."""
         return {"layout": HELD_LAYOUT, "nodes": self.state}
 
-    def node(self, node: str) -> dict[str, dict[str, DeviceHeld]]:
+    def node(self, node: str, ts: float) -> dict[str, dict[str, DeviceHeld]]:
         """The held values of one node (created empty): ``JobWindow.add`` reads and
-        updates them while it folds the node's sample in."""
+        updates them while it folds in the node's sample of time ``ts``. Every time it
+        writes there is ``ts`` (or was there already), so the node's bound is lowered
+        to ``ts`` here. A new node has no bound until the next sweep visits it (it may
+        end up holding nothing, and the sweep drops such a node)."""
         mine = self.state.get(node)
         if mine is None:
             mine = self.state[node] = {"g": {}, "n": {}}
+            self.earliest = -math.inf
+        else:
+            bound = self.oldest.get(node)
+            if bound is not None and ts < bound:
+                self.oldest[node] = ts
+                self.earliest = min(self.earliest, ts)
         return mine
+
+    def forget_node(self, node: str) -> None:
+        """The node left the job: nothing of it is held any more."""
+        self.state.pop(node, None)
+        self.oldest.pop(node, None)
 
     @staticmethod
     def remember(kept: dict[str, DeviceHeld], dev: str, values: Sequence[float | None],
@@ -92,9 +113,15 @@ class HeldReadings:
 
     def forget_before(self, ts: float) -> None:
         """Drop values published before ``ts`` (they can no longer be held), and the
-        devices and nodes left with none: memory stays bounded as nodes come and go."""
-        for node in list(self.state):
+        devices and nodes left with none: memory stays bounded as nodes come and go.
+        A node whose bound (``oldest``) is not before ``ts`` holds nothing to drop and
+        is not visited; a visited node's bound is taken again from what it keeps."""
+        if self.earliest >= ts:  # the usual step: nothing held is that old
+            return
+        oldest, unknown = self.oldest, -math.inf
+        for node in [n for n in self.state if oldest.get(n, unknown) < ts]:
             sections = self.state[node]
+            bound = math.inf
             for devices in sections.values():
                 # most devices were replaced whole since ``ts``: nothing of theirs to drop
                 for dev in [d for d, (_, times, newest) in devices.items()
@@ -108,8 +135,17 @@ class HeldReadings:
                             [v if k else None for v, k in zip(held, keep, strict=True)],
                             [at if k else None for at, k in zip(times, keep, strict=True)],
                             newest]
-            if not any(sections.values()):
+                for _, times, newest in devices.values():
+                    if times is None:  # every value published at ``newest``
+                        bound = min(bound, newest)
+                    else:
+                        bound = min(bound, newest, *[at for at in times if at is not None])
+            if any(sections.values()):
+                oldest[node] = bound
+            else:
                 del self.state[node]
+                oldest.pop(node, None)
+        self.earliest = min(oldest.values(), default=math.inf)
 
 
 def _times(mine: DeviceHeld, width: int) -> list[float | None]:

@@ -229,7 +229,7 @@ def _levels(view: WindowView, latest: Array) -> tuple[PeerLevel, PeerLevel]:
     node_idx, slot_idx = view.positions()
     values = latest[:, node_idx, slot_idx]  # metrics × GPUs
     peer = node_value[:, node_idx]
-    gpu = PeerLevel([f"{n}/{g}" for n, g in view.gpus], values - peer,
+    gpu = PeerLevel(view.gpu_keys, values - peer,
                     (gpu_peers[:, node_idx] >= MIN_GPU_PEERS) & ~np.isnan(values), peer,
                     GPU_OFFSET_CAP)
     job_value = nanmedian(node_value, axis=1)[:, None]  # metrics × 1

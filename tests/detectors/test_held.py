@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import random
 from typing import Any
 
 from contracts.config import DetectConfig
@@ -119,5 +121,29 @@ def test_a_checkpoint_of_the_previous_layout_is_still_held() -> None:
     window = JobWindow(5.0, gpu_metrics=("sm_active", "power"), nic_metrics=())
     window.add(_sample(110.0, {"0": {"sm_active": 0.6}}), held)  # type: ignore[arg-type]
     assert window.means("g", 22, window.gpu_metrics)[("n1", "0")] == [0.6, 300.0]
-    held.remember(held.node("n1")["g"], "0", [0.7, 310.0], 105.0)  # late: older than 110
-    assert held.node("n1")["g"]["0"][0] == [0.6, 310.0]
+    held.remember(held.node("n1", 105.0)["g"], "0", [0.7, 310.0], 105.0)  # late: older than 110
+    assert held.node("n1", 105.0)["g"]["0"][0] == [0.6, 310.0]
+
+
+def test_the_sweep_that_skips_recent_nodes_keeps_what_a_full_sweep_keeps() -> None:
+    """The sweep visits only nodes holding something older than its cut. Fed the same
+    late, partial and full samples, it leaves the same state as a sweep that visits
+    every node (its bounds cleared before each sweep)."""
+    rng = random.Random(7)
+    skipping, full = _Held(), _Held()
+    ts = 100.0
+    for step in range(400):
+        ts += rng.uniform(0.0, 1.5)
+        at = ts - rng.choice((0.0, 0.0, 0.0, 3.0, 30.0))  # some late, a few very late
+        gpus = {str(g): {m: rng.random() for m in ("sm_active", "power")
+                         if rng.random() < 0.7}
+                for g in range(rng.randint(0, 3))}
+        sample = _sample(at, gpus, node=f"n{rng.randint(0, 5)}")
+        assert skipping.fill(sample) == full.fill(sample)
+        if step % 3 == 0:
+            full.held.oldest.clear()  # no bounds: every node is visited
+            full.held.earliest = -math.inf
+            skipping.forget_before(ts - 20.0)
+            full.forget_before(ts - 20.0)
+            assert skipping.to_state() == full.to_state()
+    assert skipping.held.oldest.keys() <= skipping.state.keys()
