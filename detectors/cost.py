@@ -146,9 +146,9 @@ def _record_level(view: WindowView, memory: dict[str, Any]) -> str:
     newest = view.bins[-1]
     if not history or history[-1][0] < newest:
         levels = nanmedian(view.latest_per_node((metric,))[0], axis=1)
-        history.append([newest, {node: round(float(v), 5) for node, v
-                                 in zip(view.nodes, levels, strict=True)
-                                 if not np.isnan(v)}])
+        history.append([newest, {node: round(v, 5) for node, v  # v == v: not NaN
+                                 in zip(view.nodes, levels.tolist(), strict=True)
+                                 if v == v}])
         del history[:-HISTORY_BINS]
     return str(metric)
 

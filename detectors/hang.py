@@ -59,6 +59,10 @@ def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
     need = max(1, int(np.ceil(p.seconds / view.bin_seconds)))
     if len(view.bins) < need or not view.gpus:
         return []
+    with np.errstate(invalid="ignore"):
+        idle = view.gpu("sm_active")[:, -need:] < SPIN_SM_ACTIVE
+    if not idle.any(axis=0).all():  # the usual step: a bin where no GPU spins
+        return []
     if not hung_bins(view, need).all():
         return []
     hung = hung_bins(view, len(view.bins))

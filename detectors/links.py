@@ -72,10 +72,13 @@ def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]
         loaded = view.gpu("sm_active")[:, -p.of_bins:] > LOADED_SM_ACTIVE
     for metric in ("pcie_gen", "pcie_width"):
         values = np.where(loaded, view.gpu(metric)[:, -p.of_bins:], np.nan)
+        if values.size and np.fmax.reduce(values, axis=None) - np.fmin.reduce(
+                values, axis=None) < 0.5:  # the usual step: all loaded GPUs within half
+            continue  # a unit of each other, so none is below its bin's median
         typical = nanmedian(values, axis=0)
         with np.errstate(invalid="ignore"):
             low = values < typical - 0.5
-        for i in np.nonzero(np.sum(low, axis=1) >= p.need_bins)[0]:
+        for i in np.nonzero(low.sum(axis=1) >= p.need_bins)[0]:
             node, gpu = view.gpus[i]
             value = float(np.nanmedian(values[i]))
             peer = float(np.nanmedian(typical))
@@ -104,9 +107,13 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
     if len(view.nics) < 2:
         return
     rate = view.nic("ib_rate")
-    with np.errstate(invalid="ignore"):
-        low = rate[:, -p.of_bins:] < nanmedian(rate[:, -p.of_bins:], axis=0) - 0.5
-    slow = np.sum(low, axis=1) >= p.need_bins
+    recent = rate[:, -p.of_bins:]
+    if np.fmax.reduce(recent, axis=None) - np.fmin.reduce(recent, axis=None) < 0.5:
+        low = np.zeros(recent.shape, dtype=bool)  # the usual step: every port at one rate
+    else:
+        with np.errstate(invalid="ignore"):
+            low = recent < nanmedian(recent, axis=0) - 0.5
+    slow = low.sum(axis=1) >= p.need_bins
     errors = view.nic("ib_errors")[:, -p.of_bins:]
     rise = np.nanmax(errors, axis=1, initial=-np.inf) - np.nanmin(errors, axis=1, initial=np.inf)
     erring = np.isfinite(rise) & (rise >= p.errors_per_window)

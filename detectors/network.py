@@ -42,6 +42,9 @@ def find_network_bound(view: WindowView, p: NetworkParams) -> list[Finding]:
     with np.errstate(invalid="ignore", divide="ignore"):
         link_use = (view.nic("ib_tx")[:, recent] + view.nic("ib_rx")[:, recent]) / 2 / rate
     comm = nanmedian(link_use, axis=0)
+    with np.errstate(invalid="ignore"):
+        if int(np.sum(comm >= p.link_share)) < p.need_bins:  # the usual step: not busy
+            return []
     sm = nanmedian(view.gpu("sm_active")[:, recent], axis=0)
     tensor = nanmedian(view.gpu("tensor_active")[:, recent], axis=0)
     with np.errstate(invalid="ignore"):

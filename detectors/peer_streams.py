@@ -203,7 +203,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
                          if np.isfinite(c.level.cap) else np.full(c.level.valid.shape, np.inf)
                          for c in live])
         offset = np.clip(offset, -bound, bound)
-        beyond = np.any(np.abs(f[OFF]) > bound, axis=0)
+        beyond = (np.abs(f[OFF]) > bound).any(axis=0)
     training: NDArray[np.bool_] = count < TRAINING_BINS  # not known yet: not tested
     residual = np.where(valid & ~training, deviation - offset, np.nan)
     sigmas = []
@@ -232,7 +232,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     f[RISE] = np.where(f[SUM] <= 0, -1.0, np.where(before <= 0, start, f[RISE]))
     if comparable:
         first = count == 0  # its first bin sets its offset
-        evidence = np.max(before, axis=0)
+        evidence = before.max(axis=0)
         count = _learn(f, count, valid, np.where(first, departure, np.clip(
             departure, -HUBER * job_sigma, HUBER * job_sigma)),
             training | (evidence <= 2 * k), evidence < h / 2, bin_seconds)
@@ -254,19 +254,19 @@ def _outcome(level: PeerLevel, spec: MetricSpec, test: Cusum, f: Array,
              z: Array) -> Outcome:
     found: dict[str, list[Departure]] = {}
     flagged = f[SUM] >= test.h
-    for e in np.nonzero(np.sum(flagged, axis=0) >= spec.min_metrics)[0]:
+    for e in np.nonzero(flagged.sum(axis=0) >= spec.min_metrics)[0]:
         found[level.keys[e]] = [
             Departure(spec.names[m], float(z[m, e]),
                       float(level.peer_level[m, e] + level.deviation[m, e]),
                       float(level.peer_level[m, e]), int(f[RISE][m, e]))
             for m in np.nonzero(flagged[:, e])[0]]
-    departed = np.any(flagged, axis=0)
+    departed = flagged.any(axis=0)
     if spec.signature >= 0:
         departed &= ~flagged[spec.signature]
     # load leaving a stream is told at half the threshold, on ``min_metrics`` metrics:
     # a moving expert sheds as fast as the next GPU takes it up, and the shed must be
     # seen by the time the taker's sums pass the threshold
-    shed = np.sum(f[SHED] >= test.h / 2, axis=0) >= spec.min_metrics
+    shed = (f[SHED] >= test.h / 2).sum(axis=0) >= spec.min_metrics
     return Outcome(found, {level.keys[e] for e in np.nonzero(departed)[0]},
                    {level.keys[e] for e in np.nonzero(shed)[0]})
 
@@ -287,7 +287,7 @@ def _noise(residual: Array, peer_level: Array, spec: MetricSpec, comparable: boo
         a = min(1.0, bin_seconds / NOISE_TIME_CONSTANT)
         known = np.where(np.isnan(known), spread,
                          np.where(np.isnan(spread), known, known + a * (spread - known)))
-        noise["sigma"] = [None if np.isnan(v) else float(v) for v in known]
+        noise["sigma"] = [v if v == v else None for v in known.tolist()]  # NaN: None
     return np.fmax(zero_nan(known), floor)
 
 
@@ -323,7 +323,7 @@ def _learn(f: Array, count: Array, valid: NDArray[np.bool_], residual: Array,
     estimate): the first bins of a fault barely move what was learned, and a
     stream's own noise can never exceed ``HUBER`` times the level's.
     """
-    learn = quiet & np.any(valid, axis=0)
+    learn = quiet & valid.any(axis=0)
     new_count = np.where(learn, count + 1, count)
     a = np.where(new_count <= OFFSET_WARMUP_UPDATES, 1.0 / np.maximum(new_count, 1),
                  min(1.0, bin_seconds / OFFSET_TIME_CONSTANT))

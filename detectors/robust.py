@@ -26,6 +26,8 @@ def nanmedian(values: Array, axis: int) -> Array:
     n = values.shape[axis]
     if n == 0:
         return np.full(np.delete(values.shape, axis), np.nan)
+    if n == 1:  # one peer (a one-node job's node level): its value, NaN or not
+        return values.take(0, axis=axis)
     if n >= PARTITION_FROM and not np.isnan(values).any():
         # long peer groups without NaN: the two middle values by selection, not a full
         # sort (~3x faster at 16,384 GPUs; slower on short axes). The same values;
@@ -98,8 +100,8 @@ def persistent(scores: Array, threshold: float, need: int, of: int) -> Persisten
     """Vectorised persistence test over the last axis (time bins); NaN never counts."""
     recent = scores[..., -of:]
     with np.errstate(invalid="ignore"):
-        up = np.sum(recent > threshold, axis=-1)
-        down = np.sum(recent < -threshold, axis=-1)
+        up = (recent > threshold).sum(axis=-1)
+        down = (recent < -threshold).sum(axis=-1)
         sign = np.where(up >= down, 1.0, -1.0)
         deviant = (recent * sign[..., None]) > threshold
     hits = np.maximum(up, down)

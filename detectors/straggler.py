@@ -225,7 +225,7 @@ def _levels(view: WindowView, latest: Array) -> tuple[PeerLevel, PeerLevel]:
     """Each GPU against the other GPUs of its node; each node's median GPU against
     the job's nodes."""
     node_value = nanmedian(latest, axis=2)  # metrics × nodes
-    gpu_peers = np.sum(~np.isnan(latest), axis=2)  # metrics × nodes
+    gpu_peers = (~np.isnan(latest)).sum(axis=2)  # metrics × nodes
     node_idx, slot_idx = view.positions()
     values = latest[:, node_idx, slot_idx]  # metrics × GPUs
     peer = node_value[:, node_idx]
@@ -233,7 +233,7 @@ def _levels(view: WindowView, latest: Array) -> tuple[PeerLevel, PeerLevel]:
                     (gpu_peers[:, node_idx] >= MIN_GPU_PEERS) & ~np.isnan(values), peer,
                     GPU_OFFSET_CAP)
     job_value = nanmedian(node_value, axis=1)[:, None]  # metrics × 1
-    node_peers = np.sum(~np.isnan(node_value), axis=1, keepdims=True)
+    node_peers = (~np.isnan(node_value)).sum(axis=1, keepdims=True)
     node = PeerLevel(list(view.nodes), node_value - job_value,
                      (node_peers >= MIN_NODE_PEERS) & ~np.isnan(node_value),
                      np.broadcast_to(job_value, node_value.shape), float("inf"),
@@ -300,7 +300,7 @@ def _finding(view: WindowView, node: str, gpu: str | None,
         "peers": peers,
         "deviations": [{"metric": d.metric, "value": round(d.value, 4),
                         "peer_median": round(d.peer, 4),
-                        "z": None if np.isnan(d.z) else round(d.z, 2)} for d in top],
+                        "z": None if math.isnan(d.z) else round(d.z, 2)} for d in top],
     }
     since = min(d.first for d in top) * view.bin_seconds
     return Finding("straggler", node, gpu, "warning", tuple(d.metric for d in top), score,
