@@ -26,6 +26,7 @@ How a departure is told from normal variation:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TypeVar
@@ -108,8 +109,10 @@ _FIELDS = 7
 _FRESH_FIELDS = (0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-def _fresh(metrics: int) -> list[float]:
-    return [v for v in _FRESH_FIELDS for _ in range(metrics)] + [0.0, -1.0]
+@functools.cache
+def _fresh(metrics: int) -> tuple[float, ...]:
+    """A new stream's row for ``metrics`` metrics."""
+    return (*[v for v in _FRESH_FIELDS for _ in range(metrics)], 0.0, -1.0)
 
 
 class StreamTable:
@@ -134,7 +137,7 @@ class StreamTable:
         """Key → the stream's flat list of floats (JSON-able)."""
         return dict(zip(self.keys, self.rows.tolist(), strict=True))
 
-    def rows_for(self, keys: list[str], fresh: list[float]) -> Array:
+    def rows_for(self, keys: list[str], fresh: tuple[float, ...]) -> Array:
         """(streams × fields) for ``keys`` in order; a key not known starts ``fresh``."""
         if keys == self.keys:
             return self.rows.copy()  # advanced in place: the table changes only at the end
@@ -323,7 +326,7 @@ def _learn(f: Array, count: Array, valid: NDArray[np.bool_], residual: Array,
     estimate): the first bins of a fault barely move what was learned, and a
     stream's own noise can never exceed ``HUBER`` times the level's.
     """
-    learn = quiet & valid.any(axis=0)
+    learn = quiet & np.any(valid, axis=0)
     new_count = np.where(learn, count + 1, count)
     a = np.where(new_count <= OFFSET_WARMUP_UPDATES, 1.0 / np.maximum(new_count, 1),
                  min(1.0, bin_seconds / OFFSET_TIME_CONSTANT))

@@ -27,7 +27,7 @@ def nanmedian(values: Array, axis: int) -> Array:
     if n == 0:
         return np.full(np.delete(values.shape, axis), np.nan)
     if n == 1:  # one peer (a one-node job's node level): its value, NaN or not
-        return values.take(0, axis=axis)
+        return np.asarray(values.take(0, axis=axis), dtype=np.float64)
     if n >= PARTITION_FROM and not np.isnan(values).any():
         # long peer groups without NaN: the two middle values by selection, not a full
         # sort (~3x faster at 16,384 GPUs; slower on short axes). The same values;

@@ -187,9 +187,10 @@ def _comparable(latest: Array, last: int, bin_seconds: float,
     comparable bins until the job has settled.
     """
     sm = latest[_SM]
-    if not np.any(~np.isnan(sm)):
+    if np.isnan(sm).all():
         return False
-    busiest, typical = float(np.nanmax(sm)), float(nanmedian(sm.ravel(), axis=0))
+    busiest = float(np.fmax.reduce(sm, axis=None))  # ``nanmax`` without its Python layers
+    typical = float(nanmedian(sm.ravel(), axis=0))
     fall = min(1.0, bin_seconds / LEVEL_TIME_CONSTANT)
     # the typical GPU may fall while a straggler holds it up, but not by half: a
     # checkpoint or evaluation that some nodes enter seconds after the others (their
@@ -236,7 +237,7 @@ def _levels(view: WindowView, latest: Array) -> tuple[PeerLevel, PeerLevel]:
     node_peers = (~np.isnan(node_value)).sum(axis=1, keepdims=True)
     node = PeerLevel(list(view.nodes), node_value - job_value,
                      (node_peers >= MIN_NODE_PEERS) & ~np.isnan(node_value),
-                     np.broadcast_to(job_value, node_value.shape), float("inf"),
+                     np.repeat(job_value, node_value.shape[1], axis=1), float("inf"),
                      recenter=True)
     return gpu, node
 
