@@ -45,6 +45,7 @@ which biases the estimate a little low when communication is a large share.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -184,17 +185,19 @@ def _estimate(view: WindowView, f: Finding, entry: dict[str, Any], levels: Array
     """The current slowdown; None when no bin since the onset can say."""
     if entry["basis"] == "none":
         return None
-    peers = np.array([n != _excluded(f) for n in view.nodes], dtype=bool)
+    out = _excluded(f)
+    peers = np.array([n != out for n in view.nodes], dtype=bool)
     if not peers.any():
         return None
     now = nanmedian(levels[peers], axis=0)
-    first = int(np.searchsorted(np.array(view.bins), _onset_bin(view, f)))
+    # the first of the view's bins at or after the onset (``bins`` is a range)
+    first = min(max(_onset_bin(view, f) - view.bins.start, 0), len(view.bins))
     recent = slice(max(min(first, len(view.bins) - 1), len(view.bins) - RECENT_BINS), None)
     if entry["basis"] == "baseline":
         reference = np.full(len(view.bins), entry["level"])
     elif f.node in view.nodes:  # the blamed device's own duty cycle stands in
-        rows = [i for i, (n, g) in enumerate(view.gpus) if n == f.node and g == f.gpu]
-        reference = (view.gpu(metric)[rows[0]] if rows
+        row = _gpu_row(view, f.node, f.gpu)
+        reference = (view.gpu(metric)[row] if row is not None
                      else levels[view.nodes.index(f.node)])
     else:
         return None
@@ -203,7 +206,17 @@ def _estimate(view: WindowView, f: Finding, entry: dict[str, Any], levels: Array
         usable = (now[recent] >= PHASE_FLOOR * reference[recent]) & ~np.isnan(ratio)
     if not usable.any():
         return None
-    return max(0.0, float(np.median(ratio[usable])) - 1.0)
+    return max(0.0, statistics.median(ratio[usable].tolist()) - 1.0)  # np.median's arithmetic
+
+
+def _gpu_row(view: WindowView, node: str, gpu: str | None) -> int | None:
+    """The GPU's row in the view (None: a node finding, or a GPU not reporting)."""
+    if gpu is None:
+        return None
+    try:
+        return view.gpus.index((node, gpu))
+    except ValueError:
+        return None
 
 
 def inflation_series(levels: Array) -> Array:
