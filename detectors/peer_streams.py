@@ -34,7 +34,7 @@ from typing import TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from detectors.robust import MAD_TO_SIGMA, Array, nanmedian, zero_nan
+from detectors.robust import MAD_TO_SIGMA, Array, clamp, nanmedian, zero_nan
 from detectors.sequential import Cusum, cusum_step
 
 OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a stream's own offset adapts
@@ -211,11 +211,14 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     residual = np.where(valid & ~training, deviation - offset, np.nan)
     sigmas = []
     for c, span in zip(live, spans, strict=True):
-        if c.level.recenter:  # the peers' reference after their own offsets
+        # nothing compared at this level this bin (too few peers, all training): its
+        # residuals are all NaN, and so are their median and spread
+        unread = bool(np.isnan(residual[:, span]).all())
+        if c.level.recenter and not unread:  # the peers' reference after their offsets
             residual[:, span] = residual[:, span] - np.expand_dims(
                 nanmedian(residual[:, span], axis=1), 1)
         sigmas.append(_noise(residual[:, span], peer_level[:, span], spec, comparable,
-                             bin_seconds, c.noise))
+                             bin_seconds, c.noise, unread))
     job_sigma = np.repeat(np.stack(sigmas, axis=1), sizes, axis=1)  # metrics × streams
     base = np.fmax(job_sigma, np.sqrt(f[VAR]))
     scale = base * _persistence(f)
@@ -241,10 +244,11 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
             training | (evidence <= 2 * k), evidence < h / 2, bin_seconds)
     table = np.concatenate([f.transpose(2, 0, 1).reshape(n, -1), count[:, None],
                             born[:, None]], axis=1)
+    decided = _Decided(f, z, h, spec)
     outcomes = {}
     for c, span in zip(live, spans, strict=True):
         c.streams.keys, c.streams.rows = list(c.level.keys), table[span]
-        outcomes[id(c)] = _outcome(c.level, spec, c.test, f[:, :, span], z[:, span])
+        outcomes[id(c)] = decided.outcome(c.level, span)
     return [outcomes.get(id(c), Outcome({}, set(), set())) for c in comparisons]
 
 
@@ -253,37 +257,48 @@ def _joined(parts: list[_A], axis: int = 1) -> _A:
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
 
-def _outcome(level: PeerLevel, spec: MetricSpec, test: Cusum, f: Array,
-             z: Array) -> Outcome:
-    found: dict[str, list[Departure]] = {}
-    flagged = f[SUM] >= test.h
-    for e in np.nonzero(flagged.sum(axis=0) >= spec.min_metrics)[0]:
-        found[level.keys[e]] = [
-            Departure(spec.names[m], float(z[m, e]),
-                      float(level.peer_level[m, e] + level.deviation[m, e]),
-                      float(level.peer_level[m, e]), int(f[RISE][m, e]))
-            for m in np.nonzero(flagged[:, e])[0]]
-    departed = flagged.any(axis=0)
-    if spec.signature >= 0:
-        departed &= ~flagged[spec.signature]
-    # load leaving a stream is told at half the threshold, on ``min_metrics`` metrics:
-    # a moving expert sheds as fast as the next GPU takes it up, and the shed must be
-    # seen by the time the taker's sums pass the threshold
-    shed = (f[SHED] >= test.h / 2).sum(axis=0) >= spec.min_metrics
-    return Outcome(found, {level.keys[e] for e in np.nonzero(departed)[0]},
-                   {level.keys[e] for e in np.nonzero(shed)[0]})
+class _Decided:
+    """What the bin decided for every stream of the pass, each against its own
+    level's threshold (``h``, one per stream); ``outcome`` reads one level's."""
+
+    def __init__(self, f: Array, z: Array, h: Array, spec: MetricSpec) -> None:
+        self.f, self.z, self.spec = f, z, spec
+        self.flagged = f[SUM] >= h
+        self.found = self.flagged.sum(axis=0) >= spec.min_metrics
+        self.departed = self.flagged.any(axis=0)
+        if spec.signature >= 0:
+            self.departed &= ~self.flagged[spec.signature]
+        # load leaving a stream is told at half the threshold, on ``min_metrics``
+        # metrics: a moving expert sheds as fast as the next GPU takes it up, and the
+        # shed must be seen by the time the taker's sums pass the threshold
+        self.shed = (f[SHED] >= h / 2).sum(axis=0) >= spec.min_metrics
+
+    def outcome(self, level: PeerLevel, span: slice) -> Outcome:
+        """The level whose streams are the columns ``span``."""
+        keys, names = level.keys, self.spec.names
+        found: dict[str, list[Departure]] = {}
+        for e in np.nonzero(self.found[span])[0]:
+            col = span.start + e
+            found[keys[e]] = [
+                Departure(names[m], float(self.z[m, col]),
+                          float(level.peer_level[m, e] + level.deviation[m, e]),
+                          float(level.peer_level[m, e]), int(self.f[RISE][m, col]))
+                for m in np.nonzero(self.flagged[:, col])[0]]
+        return Outcome(found, {keys[e] for e in np.nonzero(self.departed[span])[0]},
+                       {keys[e] for e in np.nonzero(self.shed[span])[0]})
 
 
 def _noise(residual: Array, peer_level: Array, spec: MetricSpec, comparable: bool,
-           bin_seconds: float, noise: dict[str, list[float | None]]) -> Array:
+           bin_seconds: float, noise: dict[str, list[float | None]],
+           unread: bool = False) -> Array:
     """Each metric's noise across the level: the robust spread of the residuals
     across streams, smoothed over comparable bins, floored by the metric's
-    resolution."""
+    resolution. ``unread``: every residual is NaN (no spread to take)."""
     with np.errstate(invalid="ignore"):
         level = np.abs(nanmedian(peer_level, axis=1))
     floor = np.fmax(spec.floors, REL_FLOOR * zero_nan(level))
-    spread = nanmedian(np.abs(residual - nanmedian(residual, axis=1)[:, None]),
-                       axis=1) * MAD_TO_SIGMA
+    spread = np.full(len(spec.names), np.nan) if unread else nanmedian(
+        np.abs(residual - nanmedian(residual, axis=1)[:, None]), axis=1) * MAD_TO_SIGMA
     known = np.array([np.nan if v is None else v
                       for v in noise.get("sigma", [None] * len(spec.names))])
     if comparable:
@@ -301,7 +316,7 @@ def _persistence(f: Array) -> Array:
     stream for many bins in a row; summed, that looks like a shift unless its noise
     is counted at the scale on which it persists."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        rho = np.clip(zero_nan(f[COV] / f[VAR]), 0.0, MAX_AUTOCORRELATION)
+        rho = clamp(zero_nan(f[COV] / f[VAR]), 0.0, MAX_AUTOCORRELATION)
     return np.asarray(np.sqrt((1 + rho) / (1 - rho)), dtype=np.float64)
 
 

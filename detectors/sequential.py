@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.robust import Array
+from detectors.robust import Array, clamp
 
 SIEGMUND_OFFSET = 1.166  # Siegmund's correction for the overshoot past the threshold
 SECONDS_PER_DAY = 86_400.0
@@ -99,5 +99,7 @@ def cusum_step(total: Array, z: Array, k: float | Array, clip: float | Array,
     """``Cusum.step`` with its constants given, each a number or one per column: the
     streams of several tests advance in one pass."""
     with np.errstate(invalid="ignore"):
-        new = np.clip(total + np.minimum(z, clip) - k, 0.0, ceiling)
+        # ``clamp`` is ``np.clip`` here to the bit, ``ceiling`` per column included: a
+        # value of ``a - k`` is never -0.0, the one input where the two may differ
+        new = clamp(total + np.minimum(z, clip) - k, 0.0, ceiling)
     return np.where(np.isnan(z), total, new)

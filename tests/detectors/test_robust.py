@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from detectors.robust import nanmedian, persistent, robust_z_axis
+from detectors.robust import clamp, nanmedian, persistent, robust_z_axis
 
 finite_or_nan = st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))
 
@@ -70,3 +70,20 @@ def test_z_is_invariant_to_shift_and_scale_above_the_floor(scale: float, shift: 
     z1 = robust_z_axis(base, axis=1, abs_floor=1e-9, rel_floor=0)
     z2 = robust_z_axis(base * scale + shift, axis=1, abs_floor=1e-9, rel_floor=0)
     np.testing.assert_allclose(z1, z2, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(np.float64, st.integers(1, 40),
+                  elements=st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                                     st.sampled_from([0.0, -0.0]))),
+       st.sampled_from([0.0, -0.0, -1.5]), st.floats(0, 5))
+def test_clamp_is_numpys_clip_to_the_bit(values: np.ndarray, low: float, high: float) -> None:
+    ours, theirs = clamp(values, low, high), np.clip(values, low, high)
+    assert ours.tobytes() == theirs.tobytes()  # NaN and the sign of zero included
+    # per-element bounds (the CUSUM's ceiling per column): equal values, and equal
+    # bits wherever the value clamped is not -0.0
+    ceiling = np.full(values.shape, high) + np.arange(values.size)
+    ours, theirs = clamp(values, 0.0, ceiling), np.clip(values, 0.0, ceiling)
+    np.testing.assert_array_equal(ours, theirs)
+    plain = ~((values == 0) & np.signbit(values))
+    assert ours[plain].tobytes() == theirs[plain].tobytes()
