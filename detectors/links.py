@@ -115,7 +115,9 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
             low = recent < nanmedian(recent, axis=0) - 0.5
     slow = low.sum(axis=1) >= p.need_bins
     errors = view.nic("ib_errors")[:, -p.of_bins:]
-    rise = np.nanmax(errors, axis=1, initial=-np.inf) - np.nanmin(errors, axis=1, initial=np.inf)
+    # ``nanmax``/``nanmin`` are these reductions for arrays, without their Python layers
+    rise = (np.fmax.reduce(errors, axis=1, initial=-np.inf)
+            - np.fmin.reduce(errors, axis=1, initial=np.inf))
     erring = np.isfinite(rise) & (rise >= p.errors_per_window)
     wait = view.nic("ib_xmit_wait")[:, -p.of_bins:]
     wait_z, _, _ = robust_z(np.log10(1.0 + wait), abs_floor=0.25)

@@ -109,6 +109,13 @@ def persistent(scores: Array, threshold: float, need: int, of: int) -> Persisten
     """Vectorised persistence test over the last axis (time bins); NaN never counts."""
     recent = scores[..., -of:]
     with np.errstate(invalid="ignore"):
+        calm = need > 0 and not (np.abs(recent) > threshold).any()
+    if calm:  # the usual step: no score beyond the threshold either way, nothing to time
+        shape = recent.shape[:-1]
+        return Persistence(np.zeros(shape, dtype=bool), np.ones(shape),
+                           np.zeros(shape, dtype=np.intp), np.zeros(shape, dtype=np.intp),
+                           np.full(shape, np.nan))
+    with np.errstate(invalid="ignore"):
         up = (recent > threshold).sum(axis=-1)
         down = (recent < -threshold).sum(axis=-1)
         sign = np.where(up >= down, 1.0, -1.0)

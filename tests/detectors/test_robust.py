@@ -87,3 +87,25 @@ def test_clamp_is_numpys_clip_to_the_bit(values: np.ndarray, low: float, high: f
     np.testing.assert_array_equal(ours, theirs)
     plain = ~((values == 0) & np.signbit(values))
     assert ours[plain].tobytes() == theirs[plain].tobytes()
+
+
+@settings(max_examples=100, deadline=None)
+@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 5), st.integers(1, 10)),
+                  elements=finite_or_nan), st.integers(1, 6), st.booleans())
+def test_a_calm_window_gives_what_the_full_test_gives(scores: np.ndarray, of: int,
+                                                      calm: bool) -> None:
+    """The shortcut for windows with no score beyond the threshold returns every
+    field as the full computation does (signs up, first bin 0, no score)."""
+    thr = 2e6 if calm else 0.5  # above every finite element, or below most
+    result = persistent(scores, thr, 1, of)
+    recent = scores[:, -of:]
+    with np.errstate(invalid="ignore"):
+        up, down = np.sum(recent > thr, axis=1), np.sum(recent < -thr, axis=1)
+        sign = np.where(up >= down, 1.0, -1.0)
+        deviant = recent * sign[:, None] > thr
+    np.testing.assert_array_equal(result.sign, sign)
+    np.testing.assert_array_equal(result.first, np.argmax(deviant, axis=1))
+    np.testing.assert_array_equal(result.hits, np.maximum(up, down))
+    assert result.first.dtype == np.argmax(deviant, axis=1).dtype
+    if calm:
+        assert np.isnan(result.score).all() and not result.flagged.any()
