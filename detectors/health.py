@@ -21,6 +21,7 @@ Events stay open for ``hold_seconds`` after they were last seen, then resolve.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,8 @@ ACTION_ADVICE = {"replace": "drain the node and replace the GPU", "reset": "rese
 # HW slowdown, SW thermal, HW thermal, HW power brake
 SLOWDOWN_BITS = 0x8 | 0x20 | 0x40 | 0x80
 FORGET_SECONDS = 3600.0
+# one C call reads a GPU's three per-sample signals (KeyError: one is missing)
+_SIGNALS = operator.itemgetter("xid", "ecc_dbe", "throttle")
 CADENCE_GAP_CAP = 60.0  # a longer gap (a pause, a restart) teaches a node's cadence no more
 MAX_SILENT_SECONDS = 120.0  # however lossy its path, a node this quiet is silent
 
@@ -148,6 +151,13 @@ class HealthMonitor:
                 g = gpus[key] = {"last": alive, "thr": None}
             elif alive > g["last"]:
                 g["last"] = alive
+            try:  # the usual reading: no XID, no throttling, the ECC count it had
+                xid, dbe, throttle = _SIGNALS(r)
+            except KeyError:
+                pass
+            else:
+                if not xid and not throttle and g["thr"] is None and g.get("dbe") == dbe:
+                    continue
             code = r.get("xid")
             if code:
                 xid = int(code)

@@ -151,8 +151,8 @@ class JobWindow:
       watermark closed it.
 
     An evaluation reads (devices × bins) matrices (``matrices``); from one step to
-    the next they are the last ones shifted by a column, so a step costs what its
-    newest bin costs. The state (``to_state``) is JSON-able for checkpoints.
+    the next they are the last ones moved on by a column (``_Ring``), so a step costs
+    what its newest bin costs. The state (``to_state``) is JSON-able for checkpoints.
     """
 
     def __init__(self, bin_seconds: float, state: dict[str, Any] | None = None,
