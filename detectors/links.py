@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from detectors.findings import Finding, fmt
-from detectors.robust import nanmedian, persistent, robust_z, robust_z_axis
+from detectors.robust import Array, nanmedian, persistent, robust_z, robust_z_axis
 from detectors.window import WindowView
 
 LOADED_SM_ACTIVE = 0.2
@@ -67,14 +67,21 @@ def _add(causes: dict[tuple[str, str | None], list[dict[str, Any]]], key: tuple[
 # four bins cost, not the whole window.
 
 
+def _all_within(values: Array, width: float) -> bool:
+    """Every reading (NaN aside) within ``width`` of every other: then none is more
+    than ``width`` under its column's median, and the check below it has nothing to
+    find. False when there is no reading at all."""
+    return bool(values.size) and bool(
+        np.fmax.reduce(values, axis=None) - np.fmin.reduce(values, axis=None) < width)
+
+
 def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
     with np.errstate(invalid="ignore"):
         loaded = view.gpu("sm_active")[:, -p.of_bins:] > LOADED_SM_ACTIVE
     for metric in ("pcie_gen", "pcie_width"):
         values = np.where(loaded, view.gpu(metric)[:, -p.of_bins:], np.nan)
-        if values.size and np.fmax.reduce(values, axis=None) - np.fmin.reduce(
-                values, axis=None) < 0.5:  # the usual step: all loaded GPUs within half
-            continue  # a unit of each other, so none is below its bin's median
+        if _all_within(values, 0.5):  # the usual step: none can be under its bin's median
+            continue
         typical = nanmedian(values, axis=0)
         with np.errstate(invalid="ignore"):
             low = values < typical - 0.5
@@ -108,7 +115,7 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
         return
     rate = view.nic("ib_rate")
     recent = rate[:, -p.of_bins:]
-    if np.fmax.reduce(recent, axis=None) - np.fmin.reduce(recent, axis=None) < 0.5:
+    if _all_within(recent, 0.5):
         low = np.zeros(recent.shape, dtype=bool)  # the usual step: every port at one rate
     else:
         with np.errstate(invalid="ignore"):

@@ -110,12 +110,8 @@ class _Ring:
     def __init__(self, entities: list[Entity], bins: range, block: Array) -> None:
         self.entities = entities
         self.bins = bins
-        n = len(bins)
-        self.store = np.empty((*block.shape[:2], 2 * n))
-        start = bins.start % n if n else 0
-        self.store[:, :, start:start + n] = block
-        self.store[:, :, :start] = self.store[:, :, n:n + start]
-        self.store[:, :, start + n:] = self.store[:, :, start:n]
+        self.store = np.empty((*block.shape[:2], 2 * len(bins)))
+        self.write(bins, block)
 
     def write(self, bins: range, columns: Array) -> None:
         """Store each of ``bins``' columns (metrics × devices) at both its slots."""
