@@ -22,6 +22,9 @@ from detectors.window import WindowView
 
 LOADED_SM_ACTIVE = 0.2
 COMMUNICATING_NVLINK = 1e9  # bytes/s: the node's median GPU is moving data
+NVLINK_ABS_FLOOR = COMMUNICATING_NVLINK / 10  # the scale of NVLink's scores: at least
+NVLINK_REL_FLOOR = 0.05  # this, and this share of the node's median
+WAIT_FLOOR = 0.25  # the scale of back-pressure scores (log10 of ticks/s): at least this
 GPU_READS = ("sm_active", "pcie_gen", "pcie_width", "nvlink_tx")
 NIC_READS = ("ib_rate", "ib_errors", "ib_xmit_wait")
 
@@ -75,6 +78,28 @@ def _all_within(values: Array, width: float) -> bool:
         np.fmax.reduce(values, axis=None) - np.fmin.reduce(values, axis=None) < width)
 
 
+def _calm_nodes(cube: Array, z: float) -> bool:
+    """Whether no GPU's NVLink rate can score beyond half of ``z`` against its node:
+    within each node (every GPU and bin of the cube), the spread of the readings is
+    under half of ``z`` times the smallest scale ``robust_z_axis`` can use there (its
+    absolute floor, or its relative floor of the node's lowest reading, which no
+    median is under). Then every score is under ``z / 2``, rounding included, and the
+    check has nothing to find. False where a node has no reading."""
+    if not cube.size:
+        return False
+    high = np.fmax.reduce(cube, axis=(1, 2))
+    low = np.fmin.reduce(cube, axis=(1, 2))
+    least_scale = np.fmax(NVLINK_ABS_FLOOR, NVLINK_REL_FLOOR * np.abs(low))
+    return bool(((high - low) < 0.5 * z * least_scale).all())
+
+
+def _calm_ports(log_wait: Array, z: float) -> bool:
+    """Whether no port's back-pressure can score beyond half of ``z``: every reading
+    within half of ``z`` floor units (``WAIT_FLOOR``, the least scale of its scores)
+    of every other (the usual step: nothing to time)."""
+    return _all_within(log_wait, 0.5 * z * WAIT_FLOOR)
+
+
 def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
     with np.errstate(invalid="ignore"):
         loaded = view.gpu("sm_active")[:, -p.of_bins:] > LOADED_SM_ACTIVE
@@ -97,8 +122,10 @@ def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]
 
 def _nvlink(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
     cube = view.per_node("nvlink_tx")[:, :, -p.of_bins:]
+    if _calm_nodes(cube, p.z):  # the usual step: no GPU can be far from its node's median
+        return
     busy = nanmedian(cube, axis=1) > COMMUNICATING_NVLINK  # nodes × bins
-    z = robust_z_axis(cube, axis=1, abs_floor=COMMUNICATING_NVLINK / 10, rel_floor=0.05)
+    z = robust_z_axis(cube, axis=1, abs_floor=NVLINK_ABS_FLOOR, rel_floor=NVLINK_REL_FLOOR)
     z = np.where(busy[:, None, :], z, np.nan)
     test = persistent(z, p.z, p.need_bins, p.of_bins)
     for n, slot in zip(*np.nonzero(test.flagged & (test.sign < 0)), strict=True):
@@ -127,9 +154,11 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
             - np.fmin.reduce(errors, axis=1, initial=np.inf))
     erring = np.isfinite(rise) & (rise >= p.errors_per_window)
     wait = view.nic("ib_xmit_wait")[:, -p.of_bins:]
-    wait_z, _, _ = robust_z(np.log10(1.0 + wait), abs_floor=0.25)
-    waits = persistent(wait_z, p.z, p.need_bins, p.of_bins)
-    waiting = waits.flagged & (waits.sign > 0)
+    log_wait = np.log10(1.0 + wait)
+    waits = None if _calm_ports(log_wait, p.z) else persistent(
+        robust_z(log_wait, abs_floor=WAIT_FLOOR)[0], p.z, p.need_bins, p.of_bins)
+    waiting = (np.zeros(len(view.nics), dtype=bool) if waits is None
+               else waits.flagged & (waits.sign > 0))
     # the peers' rate over the whole window, as the text has always given it
     window_rate = float(np.nanmedian(nanmedian(rate, axis=0))) if slow.any() else np.nan
     for i in np.nonzero(slow | erring | waiting)[0]:  # the rest are fine: no Python step
@@ -144,7 +173,7 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
                  score=float(rise[i]), first=0,
                  text=f"{nic} error counters rose by {rise[i]:.0f} in "
                       f"{p.of_bins * view.bin_seconds:.0f}s")
-        if waiting[i]:
+        if waiting[i] and waits is not None:
             value = float(np.nanmedian(wait[i]))
             peer = float(np.nanmedian(wait))
             _add(causes, (node, None), metric="ib_xmit_wait", nic=nic, value=value,
