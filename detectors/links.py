@@ -121,7 +121,7 @@ def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]
 
 
 def _nvlink(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
-    cube = view.per_node("nvlink_tx")[:, :, -p.of_bins:]
+    cube = view.per_node("nvlink_tx", last=p.of_bins)
     if _calm_nodes(cube, p.z):  # the usual step: no GPU can be far from its node's median
         return
     busy = nanmedian(cube, axis=1) > COMMUNICATING_NVLINK  # nodes × bins
