@@ -30,6 +30,7 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import faust
@@ -64,7 +65,22 @@ class PerBatchMonitor(faust.Monitor):
     built-in sensor, chosen with the documented ``Monitor`` setting) counts and
     times every message and event for Faust's web page, which the worker does not
     serve; the worker's own Prometheus metrics count per batch. Commit, send and
-    rebalance statistics stay (bench/RESULTS.md, "Faust's own per-event cost")."""
+    rebalance statistics stay (bench/RESULTS.md, "Faust's own per-event cost").
+
+    Faust's check for a stalled stream (its consumer thread logs "Stream has not
+    started processing" when a partition has a backlog and no event of it has
+    entered the stream for ``stream_processing_timeout``) reads the time the Monitor
+    notes per event. Without it, any backlog older than that read as a stalled
+    stream, every few seconds (found in the soak at twice the worker's rate): the
+    worker notes it once per batch instead (``on_batch_in``)."""
+
+    def on_batch_in(self, events: Sequence[Any]) -> None:
+        """The stream took these events: each one's partition is being processed now
+        (what the per-event hook noted for Faust's stalled-stream check)."""
+        now = time.monotonic()
+        inbound = self.stream_inbound_time
+        for event in events:
+            inbound[event.message.tp] = now
 
     def on_message_in(self, tp: Any, offset: int, message: Any) -> None:
         """Not counted per message."""
@@ -161,6 +177,8 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
         """The Faust stream processor (Faust calls it an agent; not the node agent)."""
         async for events in stream.take_events(cfg.worker.batch_size,
                                                within=cfg.worker.batch_seconds):
+            if isinstance(app.monitor, PerBatchMonitor):
+                app.monitor.on_batch_in(events)
             try:
                 await processor.handle(await continuity.admit(events))
             except Exception:  # a Faust agent that raises dies silently: count, log, go on
