@@ -35,7 +35,8 @@ unit: $(STAMP)
 	$(BIN)/pytest -q -m 'not integration and not soak' $(PYTEST_ARGS)
 
 # Long reliability runs (a channel down 10 min, twice the worker's throughput for
-# 10 min, then draining): about 35 minutes. SOAK_SECONDS / SOAK_RATE scale them.
+# 10 min, then draining): about 35 minutes and ~31 GB of broker disk while it runs.
+# SOAK_SECONDS / SOAK_RATE scale them.
 soak: $(STAMP)
 	$(TEST_ENV) $(BIN)/vigil up
 	set -o pipefail; rc=0; $(TEST_ENV) $(BIN)/pytest -q -s -m soak tests/reliability \

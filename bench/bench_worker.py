@@ -38,7 +38,7 @@ from contracts.codec import decode_detection
 from contracts.config import load
 from producers.publisher import KafkaPublisher
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil.ops.kafka_admin import ensure_topics
+from vigil.ops.kafka_admin import delete_topics_starting, ensure_topics
 
 START = 1_860_000_000.0
 # the straggler test first learns each GPU's normal (detectors/peer_streams.py): the
@@ -238,6 +238,8 @@ def main() -> int:
         cfg.kafka_bootstrap, cfg.kafka.topic_prefix, cfg.worker.app_id))
     print(f"group committed {committed} of {ends} samples offsets; jobs with a firing "
           f"detection on the topic: {len(jobs)} of {len(cluster.jobs)}")
+    # the pre-loaded topic is ~0.6 GB a run at the defaults: runs add up on the broker
+    delete_topics_starting(cfg, (cfg.kafka.topic_prefix, f"{cfg.worker.app_id}-"))
     return 0
 
 
