@@ -155,10 +155,11 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
     erring = np.isfinite(rise) & (rise >= p.errors_per_window)
     wait = view.nic("ib_xmit_wait")[:, -p.of_bins:]
     log_wait = np.log10(1.0 + wait)
-    waits = None if _calm_ports(log_wait, p.z) else persistent(
-        robust_z(log_wait, abs_floor=WAIT_FLOOR)[0], p.z, p.need_bins, p.of_bins)
-    waiting = (np.zeros(len(view.nics), dtype=bool) if waits is None
-               else waits.flagged & (waits.sign > 0))
+    # calm ports: no score could pass half of ``z``, so zeros stand in for them
+    wait_z = (np.zeros(log_wait.shape) if _calm_ports(log_wait, p.z)
+              else robust_z(log_wait, abs_floor=WAIT_FLOOR)[0])
+    waits = persistent(wait_z, p.z, p.need_bins, p.of_bins)
+    waiting = waits.flagged & (waits.sign > 0)
     # the peers' rate over the whole window, as the text has always given it
     window_rate = float(np.nanmedian(nanmedian(rate, axis=0))) if slow.any() else np.nan
     for i in np.nonzero(slow | erring | waiting)[0]:  # the rest are fine: no Python step
@@ -173,7 +174,7 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
                  score=float(rise[i]), first=0,
                  text=f"{nic} error counters rose by {rise[i]:.0f} in "
                       f"{p.of_bins * view.bin_seconds:.0f}s")
-        if waiting[i] and waits is not None:
+        if waiting[i]:
             value = float(np.nanmedian(wait[i]))
             peer = float(np.nanmedian(wait))
             _add(causes, (node, None), metric="ib_xmit_wait", nic=nic, value=value,

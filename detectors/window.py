@@ -233,8 +233,10 @@ class JobWindow:
                     packed = _pack_gaps(pack, values)
                 else:
                     if kept is not None:
-                        # ``held.remember``'s usual case, inlined (a call a device
-                        # was a fifth of the ingest): newer than all held, replace
+                        # ``held.remember``'s usual case (newer than all held:
+                        # replace whole), inlined on purpose: 13.8 vs 14.8-15.1 µs a
+                        # sample of ingest on the mixed trace; ``remember`` stays
+                        # the rule, and takes every late sample
                         before = kept.get(dev)
                         if before is None or ts >= before[2]:
                             kept[dev] = [values, None, ts]
