@@ -3,11 +3,16 @@ step (all detectors over the 60 s window), for jobs of 8 to 16,384 GPUs, and the
 memory an engine holds per GPU.
 
     .venv/bin/python bench/bench_detectors.py [--sizes 8,64,512,4096,16384] [--memory]
+                                              [--without-stragglers]
 
 Sample generation (the simulator) is excluded from the timings. ``--memory`` runs
 each size again under ``tracemalloc``: the Python heap the engine holds after the
 run (window, held readings, detector memories, health), per GPU, and its checkpoint
 (JSON, and compressed as the worker's table stores it), per GPU.
+
+``--without-stragglers`` is a what-if, not a configuration: the straggler test finds
+nothing and costs nothing (``without_stragglers``). The difference to a normal run
+is the most that any faster straggler step (a compiled one) could gain.
 """
 
 from __future__ import annotations
@@ -20,11 +25,18 @@ from collections.abc import Callable
 
 import orjson
 
+import detectors.engine
 from contracts.config import DetectConfig
 from detectors.engine import JobEngine
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 1_900_000_000.0
+
+
+def without_stragglers() -> None:
+    """From now on in this process, every engine's straggler test is skipped (it
+    finds nothing). For what-if timings only."""
+    detectors.engine.find_stragglers = lambda view, params, memory: []  # type: ignore[assignment]
 
 
 def measure(gpus: int, seconds: float = 150.0) -> dict[str, float]:
@@ -85,7 +97,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="8,64,512,4096,16384")
     parser.add_argument("--memory", action="store_true", help="bytes held per GPU")
+    parser.add_argument("--without-stragglers", action="store_true",
+                        help="what-if: skip the straggler test (the most a faster one gains)")
     args = parser.parse_args()
+    if args.without_stragglers:
+        without_stragglers()
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.memory:
         memory(8, 30.0)  # the first engine of a process also fills lazy module caches

@@ -1,6 +1,7 @@
 """`vigil replay`'s rate against plain parsing of the same file, in one run.
 
     .venv/bin/python bench/bench_replay.py [--trace PATH] [--seconds 300] [--repeat 3]
+                                           [--without-stragglers]
 
 Without ``--trace`` it writes the mixed trace first (12 jobs of 2 to 16 nodes, one
 slow GPU each; ``bench_worker.MIXED_SIZES``) to ``.vigil/bench-replay/mixed.jsonl``.
@@ -8,6 +9,8 @@ Then, alternating ``--repeat`` times: ``orjson.loads`` over every line (the floo
 of any JSON reader), and replay exactly as `vigil replay` runs it (decode and
 validate, windows, detectors, detections encoded), with its parts timed apart on
 the same samples: decode, ingest (no evaluation), ingest and evaluation.
+``--without-stragglers``: the what-if of ``bench_detectors.py`` (the straggler test
+skipped), for the most a faster straggler step could gain.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from bench_detectors import without_stragglers
 from bench_worker import START, _cluster
 
 from contracts.codec import encode_detection, encode_sample
@@ -82,7 +86,11 @@ def main() -> int:
     parser.add_argument("--trace", type=Path)
     parser.add_argument("--seconds", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--without-stragglers", action="store_true",
+                        help="what-if: skip the straggler test (the most a faster one gains)")
     args = parser.parse_args()
+    if args.without_stragglers:
+        without_stragglers()
     path = args.trace or Path(".vigil/bench-replay/mixed.jsonl")
     if args.trace is None and not path.exists():
         write_trace(path, args.seconds)

@@ -84,7 +84,9 @@ def duty_metric(series: Callable[[str], Array]) -> str:
     ``series(metric)`` gives its readings (NaN: none)."""
     for metric in GPU_READS:
         values = series(metric)
-        if np.any(~np.isnan(values)) and float(np.nanmedian(values)) >= MIN_LEVEL:
+        # the detectors' own median: ``np.nanmedian`` goes through masked arrays on
+        # small inputs (60-90 µs a call) and imports ``numpy.ma`` on its first
+        if np.any(~np.isnan(values)) and float(nanmedian(values.ravel(), axis=0)) >= MIN_LEVEL:
             return metric
     return GPU_READS[-1]
 
@@ -113,7 +115,7 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
     if not view.gpus:
         return
     metric = _record_level(view, memory)
-    levels: Array | None = None  # the whole window's, only if a finding is costed
+    levels: Array | None = None  # the newest bins', only if a finding is costed
     job_gpus = len(view.gpus)
     entries: dict[str, Any] = memory.setdefault("findings", {})
     seen = set()
@@ -127,8 +129,8 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
         entry = entries.get(f.key)
         if entry is None:
             entry = entries[f.key] = _baseline(view, f, memory)
-        if levels is None:
-            levels = nanmedian(view.per_node(metric), axis=1)
+        if levels is None:  # each node's median in the bins an estimate reads
+            levels = nanmedian(view.per_node(metric, last=RECENT_BINS), axis=1)
         slowdown = _estimate(view, f, entry, levels, metric)
         if slowdown is not None:
             entry["last"] = slowdown
@@ -169,7 +171,7 @@ def _baseline(view: WindowView, f: Finding, memory: dict[str, Any]) -> dict[str,
     """The job's healthy level before the onset, or the basis to fall back on."""
     out = _excluded(f)
     onset = _onset_bin(view, f)
-    before = [float(np.median(peers)) for b, nodes in memory["history"] if b < onset - 1
+    before = [float(statistics.median(peers)) for b, nodes in memory["history"] if b < onset - 1
               if (peers := [v for n, v in nodes.items() if n != out])]
     if len(before) >= MIN_HEALTHY_BINS:
         level = float(np.quantile(before, HEALTHY_QUANTILE))
@@ -182,7 +184,9 @@ def _baseline(view: WindowView, f: Finding, memory: dict[str, Any]) -> dict[str,
 
 def _estimate(view: WindowView, f: Finding, entry: dict[str, Any], levels: Array,
               metric: str) -> float | None:
-    """The current slowdown; None when no bin since the onset can say."""
+    """The current slowdown, the median over the bins since the onset among the
+    newest ``RECENT_BINS`` (at least the newest); None when none of them can say.
+    ``levels``: each node's median duty cycle in those newest bins (nodes × bins)."""
     if entry["basis"] == "none":
         return None
     out = _excluded(f)
@@ -190,14 +194,16 @@ def _estimate(view: WindowView, f: Finding, entry: dict[str, Any], levels: Array
     if not peers.any():
         return None
     now = nanmedian(levels[peers], axis=0)
-    # the first of the view's bins at or after the onset (``bins`` is a range)
-    first = min(max(_onset_bin(view, f) - view.bins.start, 0), len(view.bins))
-    recent = slice(max(min(first, len(view.bins) - 1), len(view.bins) - RECENT_BINS), None)
+    shown = now.shape[0]
+    # the first of the view's bins at or after the onset (``bins`` is a range), as an
+    # index into the newest ``shown``
+    first = min(max(_onset_bin(view, f) - view.bins.start, 0), len(view.bins) - 1)
+    recent = slice(max(first - (len(view.bins) - shown), 0), None)
     if entry["basis"] == "baseline":
-        reference = np.full(len(view.bins), entry["level"])
+        reference = np.full(shown, entry["level"])
     elif f.node in view.nodes:  # the blamed device's own duty cycle stands in
         row = _gpu_row(view, f.node, f.gpu)
-        reference = (view.gpu(metric)[row] if row is not None
+        reference = (view.gpu(metric)[row, -shown:] if row is not None
                      else levels[view.nodes.index(f.node)])
     else:
         return None

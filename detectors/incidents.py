@@ -9,9 +9,8 @@ twice.
 from __future__ import annotations
 
 import hashlib
+import statistics
 from typing import Any
-
-import numpy as np
 
 from contracts import DETECTION_SCHEMA
 from contracts.messages import Detection
@@ -114,6 +113,6 @@ def _track_cost(cond: dict[str, Any], finding: Finding) -> None:
     history.append(float(ev["job_slowdown"]))
     del history[:-COST_HISTORY]
     fired: Detection = cond["detection"]
-    typical = cost_fields(int(ev.get("job_gpus") or 0), float(np.median(history)),
+    typical = cost_fields(int(ev.get("job_gpus") or 0), statistics.median(history),
                           str(ev.get("cost_basis")))
     cond["detection"] = {**fired, "evidence": {**fired["evidence"], **typical}}
