@@ -10,6 +10,11 @@ instead of pre-loading, and reports the worker's detection latency (wall time fr
 the append of the sample that closed the evaluated window to the detection's send)
 as p50/p99 from its histogram.
 
+``--agent-batches`` pre-loads one record a batch, as nodes' agents send them (each
+publishes one sample a second, so its batches hold one); by default the publisher
+packs up to 256 KiB a batch. ``--compression none`` pre-loads uncompressed batches
+(the agents' are gzip), to see what decompression costs the consumers.
+
 Pre-loads ``nodes × seconds`` node-samples (8 GPUs each, 8-node jobs, one slow
 GPU per job) into a fresh samples topic, then times (1) a bare aiokafka consumer
 reading every message and (2) `vigil worker` consuming, windowing, detecting and
@@ -46,6 +51,15 @@ START = 1_860_000_000.0
 FAULT_AFTER = 90.0
 # the mixed trace: 12 jobs of 2 to 16 nodes (96 nodes)
 MIXED_SIZES = (2, 16, 4, 12, 6, 8, 3, 10, 14, 5, 8, 8)
+
+
+def _publishing(args: argparse.Namespace) -> dict[str, Any]:
+    """The pre-loading publisher's batch size and codec, from the options."""
+    settings: dict[str, Any] = {"compression_type": None if args.compression == "none"
+                                else args.compression}
+    if args.agent_batches:
+        settings["batch_size"] = 1  # a record over the batch size travels alone
+    return settings
 
 
 def _cluster(nodes: int, mixed: bool = False) -> Cluster:
@@ -143,6 +157,9 @@ def main() -> int:
                         help="run each worker under py-spy; raw stacks go to DIR")
     parser.add_argument("--port", type=int, default=16066)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--agent-batches", action="store_true",
+                        help="pre-load one record a batch, as agents send them")
+    parser.add_argument("--compression", choices=["gzip", "none"], default="gzip")
     parser.add_argument("--live", type=float, default=0.0,
                         help="publish this many node-samples/s in real time")
     args = parser.parse_args()
@@ -157,10 +174,10 @@ def main() -> int:
     if args.live:
         return _live(cfg, env, topic, ports[0], args)
     cluster = _cluster(args.nodes, args.mixed)
-    pub = KafkaPublisher(cfg.kafka_bootstrap, topic)
+    pub = KafkaPublisher(cfg.kafka_bootstrap, topic, **_publishing(args))
     for sample in Simulator(cluster, START, seed=1).samples(args.seconds):
         pub.publish(sample)
-    pub.close()
+    pub.close(timeout=600)  # one record a batch, uncompressed: minutes
     total = pub.sent
     bare = asyncio.run(_bare(cfg.kafka_bootstrap, topic, total))
     # the floor as Faust ships (its Monitor), and configured like the worker

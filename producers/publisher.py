@@ -36,15 +36,17 @@ log = logging.getLogger(__name__)
 
 
 class KafkaPublisher:
-    """A plain synchronous-flush publisher (the simulator's fast path)."""
+    """A plain synchronous-flush publisher (the simulator's fast path). ``client``:
+    kafka-python producer settings, over the defaults below (a benchmark sets
+    ``batch_size=1`` to send one record a batch, as a node's agent does)."""
 
     def __init__(self, bootstrap: str, topic: str, **client: Any) -> None:
         self.topic = topic
         self.sent = 0
         self.failed = 0
-        self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", compression_type="gzip",
-            linger_ms=20, batch_size=256 * 1024, max_request_size=1 << 20, **client)
+        self._producer = KafkaProducer(**{
+            "bootstrap_servers": bootstrap, "acks": "all", "compression_type": "gzip",
+            "linger_ms": 20, "batch_size": 256 * 1024, "max_request_size": 1 << 20, **client})
 
     def _on_error(self, exc: BaseException) -> None:
         self.failed += 1
