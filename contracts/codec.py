@@ -23,7 +23,7 @@ MAX_ID_CHARS = 256
 MAX_GPUS = 64
 MAX_NICS = 64
 DETECTION_KINDS = ("straggler", "network_bound", "hang", "gpu_health", "link_health",
-                   "node_silent")
+                   "node_silent", "load_imbalance", "slowdown")
 DETECTION_STATES = ("firing", "resolved")
 SEVERITIES = ("info", "warning", "critical")
 # evidence.cost_basis: how a detection's cost was estimated (docs/contract.md)
