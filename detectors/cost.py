@@ -91,6 +91,15 @@ def duty_metric(series: Callable[[str], Array]) -> str:
     return GPU_READS[-1]
 
 
+def excess_slowdown(busy: float, peer_busy: float) -> float:
+    """The job's slowdown while one GPU (or node) computes ``busy`` of the time and
+    its peers ``peer_busy`` (SM activity: the compute share of the step). Its peers
+    wait the difference ``d`` every step; were the work even, the step would be that
+    much shorter: ``d / (1 − d)``."""
+    d = min(max(busy - peer_busy, 0.0), 0.9)
+    return d / (1.0 - d)
+
+
 def cost_fields(job_gpus: int, slowdown: float | None, basis: str) -> dict[str, Any]:
     """The evidence fields of one estimate (rounded for the wire); basis ``hang``
     costs the whole job."""

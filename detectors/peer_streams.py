@@ -60,6 +60,9 @@ class MetricSpec:
     direction: Array
     signature: int
     min_metrics: int
+    # the least offset the test uses: 0 where a stream learned to sit below its peers
+    # must not lower its own bar (a reading level with its peers is never a departure)
+    offset_floor: float = -np.inf
 
 
 @dataclass
@@ -199,7 +202,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     born = np.asarray(rows[:, -1], dtype=np.float64)
     before = f[SUM].copy()
     departure = np.where(valid, deviation - f[OFF], np.nan)
-    offset = f[OFF]
+    offset = np.fmax(f[OFF], spec.offset_floor)
     beyond = np.zeros(n, dtype=bool)  # learned further off than the cap
     if any(np.isfinite(c.level.cap) for c in live):
         bound = _joined([c.level.cap * np.abs(zero_nan(c.level.peer_level))
@@ -237,10 +240,9 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     start = np.where((count == TRAINING_BINS) & beyond, born, last)
     f[RISE] = np.where(f[SUM] <= 0, -1.0, np.where(before <= 0, start, f[RISE]))
     if comparable:
-        first = count == 0  # its first bin sets its offset
         evidence = before.max(axis=0)
-        count = _learn(f, count, valid, np.where(first, departure, np.clip(
-            departure, -HUBER * job_sigma, HUBER * job_sigma)),
+        count = _learn(f, count, valid, np.clip(departure, -HUBER * job_sigma,
+                                                HUBER * job_sigma),
             training | (evidence <= 2 * k), evidence < h / 2, bin_seconds)
     table = np.concatenate([f.transpose(2, 0, 1).reshape(n, -1), count[:, None],
                             born[:, None]], axis=1)

@@ -1,106 +1,110 @@
-"""Straggler GPUs and nodes: the peers of a synchronous job should look alike.
+"""Straggler GPUs and nodes, told apart from GPUs that simply carry more work.
 
-A slowed GPU keeps computing while its healthy peers wait at the barrier, so its
-activity and power rise above theirs, and a throttled one's clock falls below.
+A synchronous job's GPUs do their share of each step, then wait at the barrier for
+the slowest. Two very different things raise a GPU's busy time above its peers':
 
-**The test** is sequential: every GPU against the other GPUs of its node, and every
-node's median GPU against the job's nodes, is a stream (``detectors/peer_streams.py``)
-whose evidence accumulates bin after bin in a one-sided CUSUM per metric
-(``detectors/sequential.py``). A GPU or node is a straggler when the sums of two
-metrics pass the threshold. A 25 % slowdown is found in two bins (10 s), 12 % in
-tens of seconds, 5 % in minutes. The threshold comes from one setting, false
-alarms per 1,000 days of one stream on noise alone
-(``detect.straggler_false_alarms_per_1000_days``), with each metric's noise
-estimated online.
+- it is **slower** (a stall in memory or an in-compute link wait, a lower clock): it
+  does the same work in more time, and everyone waits for it;
+- it has **more work** (a hot MoE expert, a larger shard): it does more in more time.
 
-**Fault or normal variation.**
+The counters tell them apart (DCGM's definitions, DESIGN.md principle 12):
+``sm_active`` counts cycles with a warp resident, stalled or not, so it is busy time;
+``tensor_active`` is the share of elapsed cycles, at the current clock, in which the
+tensor pipes worked, so ``tensor_active × sm_clock`` is the GPU's work rate (and
+DCGM's raw ``mma_cycles_active`` is that rate directly). A slow GPU's busy time
+rises while its work rate stays level with its peers'; more work raises both.
 
-- *Noise and static differences* (silicon, cooling; pipeline stages at node level)
-  are learned per stream: its offset from its peers, its own noise and how much that
-  noise persists (``detectors/peer_streams.py``). A node-level stream is tuned to
-  departures of two noise units, a GPU-level one to one: a node's median wanders
-  with where the job's work sits, and what slows a whole node is rarely small.
-- *A job already degraded when Vigil first sees it*: a stream's first
-  ``TRAINING_BINS`` compared bins teach its normal, but the test uses at most a 10 %
-  offset for a GPU, so a GPU slower than that from the start is still reported
-  (dated from its first bin), after the wait for moving load below. A whole node
-  slow from the start is learned as that node's normal, as a pipeline stage would be.
-- *Phases* (warm-up, checkpoints, evaluation, a hung job) change every GPU's load at
-  once, and a GPU's offset from its peers in one phase is not its offset in another.
-  Only bins where the job's busiest GPU is within 15 % of the job's level (which
-  follows a rise at once and a fall over 10 minutes), and its median GPU above half
-  of its own level, are compared; other bins hold
-  the sums. A rise beyond that (a warm-up ending) restarts the streams' training.
-  The busiest GPU is used because a straggler itself stays busy while its peers
-  wait: a fault does not pause its own test.
-- *Moving load* (MoE experts hot for a while) makes a GPU depart just as a slow GPU
-  does, and neither need change its clock. What differs is time: hardware departs
-  and stays departed; moving load departs and comes back, one GPU after another, and
-  often several GPUs of one node swing together. A departure with a lower clock is
-  hardware at once. One without must outlast ``LONG_RUN_BINS`` (4 min) in a job whose
-  load has been seen to move, or when it began in the job's first compared bins
-  (``_workload_made``). The cost: there, a slow GPU that keeps its clock is found
-  after 4 minutes, not seconds. A single hot expert that first moves after the job
-  has settled is, until it moves, indistinguishable from a slow GPU (a known false
-  alarm, once per such job).
-- *Lost or held readings*: a stream without a reading in a bin holds its sums.
+**The statistic.** For every GPU against the other GPUs of its node, and every node
+(its median GPU) against the job's nodes, each bin gives, as logarithms of ratios to
+the peers' median:
+
+- ``x``, the busy excess (``sm_active``);
+- ``y``, the work excess (``mma_cycles_active``, else ``tensor_active × sm_clock``,
+  else ``dram_active × mem_clock`` where the job does little tensor work);
+- the *slowness* ``s = min(x − y, x)``: busy time not explained by work, and only
+  while the stream is busier than its peers. A GPU level with its peers, or below
+  them, adds no evidence, whatever its power or DRAM readings.
+- the *load* ``ℓ = min(x, y)``: busier *and* doing more: workload, reported as
+  ``load_imbalance`` (info, never a fault).
+
+**Why this holds under real counters.** A reading is the average over the agent's
+window of a GPU that switches, within each step, between computing, waiting in a
+collective (NCCL spins on ~1/132 of the SMs), communicating and idling. Which part
+of the step a window catches moves every counter of a GPU together, and all GPUs of
+a node sample the same window, so a node's median swings with its sampling phase.
+``s`` is a ratio of two counters of the same window: the phase, and any noise factor
+shared by one GPU's counters in one window, cancel in it. Two counters agreeing is
+one piece of evidence here, not two: the test runs on the one statistic.
+
+**The test** is sequential: ``s`` and ``ℓ`` of every stream feed one-sided CUSUMs
+(``detectors/peer_streams.py``, ``detectors/sequential.py``), each stream's static
+offset (silicon, cooling, a pipeline stage at node level) learned in its first
+compared bins and capped for a GPU (one already slow when first seen is still
+found), the noise estimated online across the streams and per stream, its
+persistence counted. Evidence starts only beyond a floor no window phase or rounding
+makes (``SLOWNESS_FLOOR`` of the busy time). A 25 % slow or throttled GPU is found
+in two bins (10 s), a 12 % stall in about as few; the threshold comes from one
+setting, false alarms per 1,000 stream-days
+(``detect.straggler_false_alarms_per_1000_days``).
+
+**What remains of the older timing rules.** The rules that waited out moving MoE
+load (a departure had to outlast four minutes in a job whose load had moved) are
+retired: load is now measured, not waited out. Two remain, both about phases, not
+load: only bins where the job's busiest GPU is near its recent level are compared
+(warm-up, checkpoints, evaluation and hangs hold the sums; a rise restarts
+training), and a stream's first compared bins only teach.
+
+**Without a work signal** (an exporter without the profiling fields), ``s`` is the
+busy excess alone: such a finding says ``work_basis: none``, and unless its clock is
+down or a clock-event flag is up it cannot be told from more work: it carries
+``remediable: false``.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from contracts.catalog import GPU_METRICS
+from detectors.cost import cost_fields, excess_slowdown
 from detectors.findings import Finding, fmt
-from detectors.peer_streams import (
-    Comparison,
-    Departure,
-    MetricSpec,
-    PeerLevel,
-    StreamTable,
-    advance,
-)
+from detectors.peer_streams import Comparison, Departure, MetricSpec, PeerLevel, StreamTable, advance
 from detectors.robust import Array, nanmedian
 from detectors.sequential import Cusum
 from detectors.window import WindowView
 
-# metric → resolution floor of its noise (its unit): a spread below this is not evidence.
-STRAGGLER_METRICS: dict[str, float] = {
-    "sm_active": 0.015,
-    "tensor_active": 0.015,
-    "dram_active": 0.015,
-    "power": 10.0,
-    "sm_clock": 25.0,
-}
-GPU_READS = tuple(STRAGGLER_METRICS)
+BUSY = "sm_active"
+# Work-rate sources, best first: (activity counter, the clock it is a share of; None:
+# a rate already). DRAM activity is a share of memory-clock cycles, so it is a work
+# witness that an SM clock change leaves alone; it stands in only where the job does
+# little tensor work.
+WORK_SOURCES: tuple[tuple[str, str | None], ...] = (
+    ("mma_cycles_active", None), ("tensor_active", "sm_clock"), ("dram_active", "mem_clock"))
+GPU_READS = (BUSY, "mma_cycles_active", "tensor_active", "sm_clock", "dram_active", "mem_clock")
 NIC_READS: tuple[str, ...] = ()
-_NAMES = tuple(STRAGGLER_METRICS)
-_SM = _NAMES.index("sm_active")
-# Which way each metric moves on a straggler: busier (it computes while its peers
-# wait) and drawing more power, or a lower clock (throttled). Only that side counts:
-# a GPU idler than its peers holds nobody back. A lower clock is the hardware
-# signature; two metrics must agree.
-SPEC = MetricSpec(_NAMES, np.array([STRAGGLER_METRICS[m] for m in _NAMES]),
-                  np.array([-1.0 if m == "sm_clock" else 1.0 for m in _NAMES]),
-                  _NAMES.index("sm_clock"), min_metrics=2)
+_B, _CLOCK = GPU_READS.index(BUSY), GPU_READS.index("sm_clock")
+MIN_WORK_SHARE = 0.02  # a share-type work counter whose peers read below this says nothing
+MIN_BUSY = 0.05  # peers busier than this are compared (below: idle or a pause)
+# The two statistics, in log-ratio units. Their noise floors: a departure smaller than
+# one floor is never one noise unit (window phase and rounding make that much).
+SLOWNESS_FLOOR = 0.025
+LOAD_FLOOR = 0.05
+STATS = ("slowness", "load")
+SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR]), np.array([1.0, 1.0]),
+                  -1, min_metrics=1, offset_floor=0.0)
 MIN_GPU_PEERS = 4
 MIN_NODE_PEERS = 3
-GPU_OFFSET_CAP = 0.10  # the test uses a GPU's offset up to this share of its peers' level
+GPU_OFFSET_CAP = 0.10  # the test uses a GPU's learned offset up to this (log units)
 LEVEL_TIME_CONSTANT = 600.0  # seconds: how slowly the job's level follows a fall
-STEADY_TOLERANCE = 0.15  # busiest GPU within this share of its recent level = comparable
+RISE = 0.3  # the median GPU this much above the job's level: a new phase (warm-up ended)
 IDLE = 0.1  # a job whose busiest GPU is below this SM activity is not compared
 TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its level
-ROTATION_BINS = 120  # how long (bins: 10 min) such an ended departure is remembered
-LONG_RUN_BINS = 48  # a departure outlasting this (4 min) is not moving load
-SETTLE_BINS = 16  # compared bins: a departure there since the job's first ones may be its load
-STATE_VERSION = 8  # the memory layout of the sequential test
+SETTLE_BINS = 16  # compared bins before the job counts as settled
+CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
+STATE_VERSION = 9  # the memory layout of the sequential test
 
 
 @dataclass(frozen=True)
@@ -117,51 +121,66 @@ class StragglerParams:
 
     @cached_property
     def node_test(self) -> Cusum:
-        """Each node against the job: tuned to two noise units. A node's median GPU
-        wanders with where the job's work sits (MoE experts, data shards) more than
-        one GPU against its node does, and what slows a whole node (its host, its
-        power or cooling) is rarely small."""
+        """Each node against the job: tuned to two noise units. What slows a whole
+        node (its host, its power or cooling) is rarely small, and a node's median
+        carries more of the job's structure (pipeline stages, data shards)."""
         return Cusum.for_rate(self.false_alarms_per_1000_days, self.bin_seconds, k=1.0)
+
+
+@dataclass(frozen=True)
+class _Readings:
+    """One level's streams in the latest bin: busy time, work rate and clock of each
+    stream and of its peers (the peers' median), and the statistics."""
+
+    keys: list[str]
+    busy: Array
+    peer_busy: Array
+    work: Array
+    peer_work: Array
+    clock: Array
+    peer_clock: Array
+    stats: Array  # STATS × streams
+    valid: Array  # STATS × streams
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
                     memory: dict[str, Any]) -> list[Finding]:
-    """GPU- and node-level straggler findings for the view's latest bin.
+    """Straggler and load-imbalance findings, GPU and node level, for the view's
+    latest bin.
 
     ``memory`` holds each stream's sums and offsets, the noise estimates, the job's
-    recent level and the runs of signature-less departures; it is updated in place
-    and is part of the engine's persisted state.
+    recent level and its work basis; it is updated in place and is part of the
+    engine's persisted state.
     """
     if not view.gpus:
         return []
-    if memory.get("version") != STATE_VERSION:  # state of the windowed test: start over
+    if memory.get("version") != STATE_VERSION:  # state of an older test: start over
         memory.clear()
         memory["version"] = STATE_VERSION
     last = view.bins[-1]
-    latest = view.latest_per_node(_NAMES)  # metrics × nodes × slots
-    comparable = _comparable(latest, last, view.bin_seconds, memory)
-    gpu_level, node_level = _levels(view, latest)
+    latest = view.latest_per_node(GPU_READS)  # metrics × nodes × slots
+    comparable = _comparable(latest[_B], last, view.bin_seconds, memory)
+    basis = _work_basis(latest, memory)
+    gpu_level, node_level = _levels(view, latest, basis)
     learned = memory.setdefault("streams", {})
     for level in ("node", "gpu"):
         learned[level] = StreamTable.load(learned.get(level))
     nodes, gpus = advance(
-        [Comparison(node_level, p.node_test, learned["node"],
+        [Comparison(_peer_level(node_level, float("inf"), True), p.node_test, learned["node"],
                     learned.setdefault("noise_node", {})),
-         Comparison(gpu_level, p.gpu_test, learned["gpu"], learned.setdefault("noise_gpu", {}))],
+         Comparison(_peer_level(gpu_level, GPU_OFFSET_CAP, False), p.gpu_test, learned["gpu"],
+                    learned.setdefault("noise_gpu", {}))],
         SPEC, comparable, last, view.bin_seconds)
     findings = []
+    job_gpus = len(view.gpus)
     flagged_nodes = set()
     for node, devs in sorted(nodes.found.items()):
         flagged_nodes.add(node)
-        findings.append(_finding(view, node, None, devs))
-    candidates = {key: devs for key, devs in gpus.found.items()
-                  if key.rsplit("/", 1)[0] not in flagged_nodes}
-    departed = {k for k in gpus.departed if k.rsplit("/", 1)[0] not in flagged_nodes}
-    explained = _workload_made(candidates, departed, gpus.shed, last, memory)
-    for key, devs in sorted(candidates.items()):
-        if key not in explained:
-            node, gpu = key.rsplit("/", 1)
-            findings.append(_finding(view, node, gpu, devs))
+        findings.append(_finding(view, node_level, node, None, devs, basis, job_gpus))
+    for key, devs in sorted(gpus.found.items()):
+        node, gpu = key.rsplit("/", 1)
+        if node not in flagged_nodes:
+            findings.append(_finding(view, gpu_level, node, gpu, devs, basis, job_gpus))
     return findings
 
 
@@ -174,38 +193,33 @@ def memory_state(memory: dict[str, Any]) -> dict[str, Any]:
                                   for k, v in learned.items()}}
 
 
-def _comparable(latest: Array, last: int, bin_seconds: float,
-                memory: dict[str, Any]) -> bool:
-    """Whether the job is in its main phase, where its GPUs are compared: its busiest
-    GPU's SM activity within ``STEADY_TOLERANCE`` of the job's level (and not idle).
+def _comparable(sm: Array, last: int, bin_seconds: float, memory: dict[str, Any]) -> bool:
+    """Whether the job is in its main phase, where its GPUs are compared: its median
+    GPU's SM activity at least ``TYPICAL_FLOOR`` of the job's level, and its busiest
+    GPU not idle.
 
     The level follows a rise at once and a fall slowly (``LEVEL_TIME_CONSTANT``), so
-    a checkpoint or an evaluation, where every GPU idles or does other work, is never
-    taken for the main phase, however long it lasts within reason. A rise beyond the
-    tolerance (a warm-up ending) means that what the streams learned was another
-    phase: they start training afresh, and the job settles again. Counts the
-    comparable bins until the job has settled.
+    a checkpoint, an evaluation or a hang, where every GPU idles or does other work,
+    is never taken for the main phase. The gate is wide on purpose: which part of
+    the step a node's window catches swings every reading of the node (by tens of
+    percent on long steps), and the statistics cancel that swing themselves; the
+    gate only keeps other phases from teaching. A rise of the median by more than
+    ``RISE`` (a warm-up ending) means what the streams learned was another phase:
+    they start training afresh.
     """
-    sm = latest[_SM]
     if np.isnan(sm).all():
         return False
-    busiest = float(np.fmax.reduce(sm, axis=None))  # ``nanmax`` without its Python layers
+    busiest = float(np.fmax.reduce(sm, axis=None))
     typical = float(nanmedian(sm.ravel(), axis=0))
     fall = min(1.0, bin_seconds / LEVEL_TIME_CONSTANT)
-    # the typical GPU may fall while a straggler holds it up, but not by half: a
-    # checkpoint or evaluation that some nodes enter seconds after the others (their
-    # clocks run behind) would otherwise keep the job "in phase" on those nodes alone
-    usual = float(memory.get("typical", typical))
-    memory["typical"] = _follow(usual, typical, fall)
-    level = float(memory.get("level", busiest))
-    rise = busiest > level * (1 + STEADY_TOLERANCE)
+    level = float(memory.get("level", typical))
+    rise = typical > level * (1 + RISE)
     if rise:
         for key in ("streams", "compared", "settled_at"):
             memory.pop(key, None)
-        level = busiest
-    memory["level"] = _follow(level, busiest, fall)
-    in_phase = (not rise and busiest >= IDLE and busiest >= level * (1 - STEADY_TOLERANCE)
-                and typical >= usual * TYPICAL_FLOOR)
+        level = typical
+    memory["level"] = _follow(level, typical, fall)
+    in_phase = not rise and busiest >= IDLE and typical >= level * TYPICAL_FLOOR
     # the first bin of a phase is not compared: node clocks a few seconds apart put
     # part of the phase before it into that bin on some nodes
     steady = in_phase and bool(memory.get("in_phase"))
@@ -222,88 +236,124 @@ def _follow(level: float, now: float, fall: float) -> float:
     return max(now, level + fall * (now - level))
 
 
-def _levels(view: WindowView, latest: Array) -> tuple[PeerLevel, PeerLevel]:
-    """Each GPU against the other GPUs of its node; each node's median GPU against
-    the job's nodes."""
-    node_value = nanmedian(latest, axis=2)  # metrics × nodes
-    gpu_peers = (~np.isnan(latest)).sum(axis=2)  # metrics × nodes
+def _work_basis(latest: Array, memory: dict[str, Any]) -> str | None:
+    """The job's work-rate source (the activity counter of ``WORK_SOURCES``), chosen
+    once, the first bin one reads at a usable level, then kept: the streams learn
+    their offsets on one basis. None while the job has none."""
+    chosen = memory.get("work_basis")
+    if chosen is not None:
+        return str(chosen)
+    for counter, _clock in WORK_SOURCES:
+        values = latest[GPU_READS.index(counter)]
+        if np.isnan(values).all():
+            continue
+        level = float(nanmedian(values.ravel(), axis=0))
+        if counter == "mma_cycles_active" or level >= MIN_WORK_SHARE:
+            memory["work_basis"] = counter
+            return counter
+    return None
+
+
+def _work(latest: Array, basis: str | None) -> Array:
+    """Each GPU's work rate on the job's basis (nodes × slots; NaN: none)."""
+    if basis is None:
+        return np.full(latest.shape[1:], np.nan)
+    clock = dict(WORK_SOURCES)[basis]
+    rate = latest[GPU_READS.index(basis)]
+    return rate if clock is None else rate * latest[GPU_READS.index(clock)]
+
+
+def _levels(view: WindowView, latest: Array, basis: str | None) -> tuple[_Readings, _Readings]:
+    """Each GPU against the GPUs of its node; each node's median GPU against the
+    job's nodes."""
+    busy, clock, work = latest[_B], latest[_CLOCK], _work(latest, basis)
+    node_busy, node_work, node_clock = (nanmedian(a, axis=1) for a in (busy, work, clock))
+    peers = (~np.isnan(busy)).sum(axis=1)
     node_idx, slot_idx = view.positions()
-    values = latest[:, node_idx, slot_idx]  # metrics × GPUs
-    peer = node_value[:, node_idx]
-    gpu = PeerLevel(view.gpu_keys, values - peer,
-                    (gpu_peers[:, node_idx] >= MIN_GPU_PEERS) & ~np.isnan(values), peer,
-                    GPU_OFFSET_CAP)
-    job_value = nanmedian(node_value, axis=1)[:, None]  # metrics × 1
-    node_peers = (~np.isnan(node_value)).sum(axis=1, keepdims=True)
-    node = PeerLevel(list(view.nodes), node_value - job_value,
-                     (node_peers >= MIN_NODE_PEERS) & ~np.isnan(node_value),
-                     np.repeat(job_value, node_value.shape[1], axis=1), float("inf"),
-                     recenter=True)
+    gpu = _readings(view.gpu_keys, busy[node_idx, slot_idx], node_busy[node_idx],
+                    work[node_idx, slot_idx], node_work[node_idx],
+                    clock[node_idx, slot_idx], node_clock[node_idx], basis,
+                    peers[node_idx] >= MIN_GPU_PEERS)
+    job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
+           for a in (node_busy, node_work, node_clock)]
+    n = len(view.nodes)
+    node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
+                     np.full(n, job[1]), node_clock, np.full(n, job[2]), basis,
+                     np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS))
     return gpu, node
 
 
-def _workload_made(candidates: dict[str, list[Departure]], departed: set[str],
-                   shed: set[str], last_bin: int, memory: dict[str, Any]) -> set[str]:
-    """The GPU-level findings (``"node/gpu"``) that the job's own workload may explain.
-
-    A slow GPU departs from its node's others and *stays* departed; load that moves
-    between GPUs (MoE experts that are hot for a while) makes GPUs depart and come
-    back, one after another. So every signature-less departure (``departed``: on one
-    metric or more, not on the clock; what a GPU carrying more of the work looks
-    like, and also a slow GPU that keeps its clock) is remembered as a run of bins
-    per GPU, and a GPU that has become less busy than its own learned normal
-    (``shed``: load that sat there has left) as a run that has ended.
-
-    A signature-less finding must outlast ``LONG_RUN_BINS`` (longer than such load
-    stays on one GPU) while some run has ended within ``ROTATION_BINS`` (the job's
-    load moves), or when it began before the job had been compared in
-    ``SETTLE_BINS`` bins (it may be where the load sits). Two or more GPUs of one
-    node departing together without a lower clock is the node's load shifting, not
-    two slow GPUs, and never counts.
-    """
-    runs: dict[str, list[int]] = memory.setdefault("runs", {})  # current: [start, end]
-    ended: dict[str, int] = memory.setdefault("ended", {})  # GPU → its last run's end
-    quiet = candidates.keys() & departed  # findings without a lower clock
-    for key in departed:
-        run = runs.get(key)
-        if run is not None and run[1] >= last_bin - 1:  # one bin's gap is still one run
-            run[1] = last_bin
-        else:
-            runs[key] = [last_bin, last_bin]
-    for key in shed - departed:
-        ended[key] = last_bin
-    for key in [k for k, (_, end) in runs.items() if end < last_bin - 1]:
-        ended[key] = runs.pop(key)[1]
-    for key in [k for k, end in ended.items() if end < last_bin - ROTATION_BINS]:
-        del ended[key]
-    moving = bool(ended)  # a departure ended within ROTATION_BINS: the load moves
-    settled = memory.get("settled_at", last_bin + 1)
-    per_node = Counter(key.rsplit("/", 1)[0] for key in quiet)
-    explained = set()
-    for key in quiet:
-        start = runs[key][0]
-        if per_node[key.rsplit("/", 1)[0]] >= 2 or ((moving or start < settled)
-                                                    and last_bin - start < LONG_RUN_BINS):
-            explained.add(key)
-    return explained
+def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_work: Array,
+              clock: Array, peer_clock: Array, basis: str | None,
+              enough: Array) -> _Readings:
+    """The slowness and load statistics of streams against their peers' medians."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = np.log(busy / peer_busy)
+        y = np.log(work / peer_work)
+    compared = enough & (peer_busy >= MIN_BUSY) & (busy > 0)
+    if basis is None:  # no work signal: busy time alone
+        slowness, load = x, np.full(x.shape, np.nan)
+    else:
+        slowness, load = np.fmin(x - y, x), np.fmin(x, y)
+        compared &= (peer_work > 0) & (work > 0)
+    stats = np.stack([slowness, load])
+    valid = compared[None, :] & ~np.isnan(stats)
+    return _Readings(keys, busy, peer_busy, work, peer_work, clock, peer_clock,
+                     np.where(valid, stats, np.nan), valid)
 
 
-def _finding(view: WindowView, node: str, gpu: str | None,
-             devs: list[Departure]) -> Finding:
-    top = sorted(devs, key=lambda d: 0.0 if math.isnan(d.z) else -abs(d.z))
-    scores = [abs(d.z) for d in top if not math.isnan(d.z)]
-    score = statistics.median(scores) if scores else 0.0  # np.nanmedian's arithmetic
-    detail = ", ".join(f"{d.metric} {fmt(d.value, GPU_METRICS[d.metric].unit)} vs peers' "
-                       f"{fmt(d.peer, GPU_METRICS[d.metric].unit)}" for d in top[:2])
+def _peer_level(r: _Readings, cap: float, recenter: bool) -> PeerLevel:
+    """The statistics as a level of the sequential test (their peers' level is 0 in
+    log units; offsets are capped at ``cap``)."""
+    return PeerLevel(r.keys, r.stats, r.valid, np.ones(r.stats.shape), cap, recenter=recenter)
+
+
+def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
+             devs: list[Departure], basis: str | None, job_gpus: int) -> Finding:
+    """A straggler (slowness passed) or a load imbalance (load alone passed)."""
+    i = r.keys.index(node if gpu is None else f"{node}/{gpu}")
+    busy, peer_busy = float(r.busy[i]), float(r.peer_busy[i])
+    work_ratio = float(r.work[i] / r.peer_work[i]) if basis is not None else math.nan
+    clock, peer_clock = float(r.clock[i]), float(r.peer_clock[i])
+    slow = [d for d in devs if d.metric == "slowness"]
+    dev = slow[0] if slow else devs[0]
     who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"
     peers = "the other GPUs of its node" if gpu is not None else "the job's other nodes"
+    since = dev.first * view.bin_seconds
+    throttled = clock < peer_clock * (1 - CLOCK_SIGNATURE)
+    work_text = (f"work rate ({_basis_text(basis)}) {work_ratio:.2f}× peers'"
+                 if basis is not None else "no work counter to tell work from slowness")
     evidence: dict[str, Any] = {
-        "peers": peers,
-        "deviations": [{"metric": d.metric, "value": round(d.value, 4),
-                        "peer_median": round(d.peer, 4),
-                        "z": None if math.isnan(d.z) else round(d.z, 2)} for d in top],
+        "peers": peers, "busy": round(busy, 4), "peer_busy": round(peer_busy, 4),
+        "work_basis": basis or "none",
+        "work_ratio": None if math.isnan(work_ratio) else round(work_ratio, 4),
+        "sm_clock": None if math.isnan(clock) else round(clock, 1),
+        "peer_sm_clock": None if math.isnan(peer_clock) else round(peer_clock, 1),
+        "z": None if math.isnan(dev.z) else round(dev.z, 2),
     }
-    since = min(d.first for d in top) * view.bin_seconds
-    return Finding("straggler", node, gpu, "warning", tuple(d.metric for d in top), score,
-                   f"{who} is out of step with {peers}: {detail}.", since, evidence,
-                   fire_after=1)
+    if slow:
+        evidence["clock_signature"] = bool(throttled)
+        evidence["remediable"] = bool(throttled or basis is not None)
+        clock_text = (f", sm_clock {fmt(clock, 'MHz')} vs peers' {fmt(peer_clock, 'MHz')}"
+                      if throttled else "")
+        summary = (f"{who} is slower than {peers}: busy {fmt(busy, 'ratio')} vs peers' "
+                   f"{fmt(peer_busy, 'ratio')} with {work_text}{clock_text}.")
+        return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY), _score(dev),
+                       summary, since, evidence, fire_after=1)
+    share = work_ratio - 1.0
+    evidence["share_above_peers"] = round(share, 4)
+    evidence.update(cost_fields(job_gpus, excess_slowdown(busy, peer_busy), "blamed"))
+    summary = (f"{who} carries {share:.0%} more work than {peers} (busy "
+               f"{fmt(busy, 'ratio')} vs {fmt(peer_busy, 'ratio')}, {work_text}): "
+               f"workload, not a fault.")
+    return Finding("load_imbalance", node, gpu, "info", (BUSY, basis or BUSY), _score(dev),
+                   summary, since, evidence)
+
+
+def _basis_text(basis: str | None) -> str:
+    clock = dict(WORK_SOURCES).get(basis or "")
+    return f"{basis} × {clock}" if clock else str(basis)
+
+
+def _score(dev: Departure) -> float:
+    return 0.0 if math.isnan(dev.z) else abs(dev.z)
