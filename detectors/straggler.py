@@ -21,8 +21,9 @@ the peers' median:
 - ``x``, the busy excess (``sm_active``);
 - ``y``, the work excess (``mma_cycles_active``, else ``tensor_active × sm_clock``,
   else ``dram_active × mem_clock`` where the job does little tensor work);
-- the *slowness* ``s = min(x − y, x)``: busy time not explained by work, and only
-  while the stream is busier than its peers. A GPU level with its peers, or below
+- the *slowness* ``s = min(e, x)``, where ``e`` is the stream's busy time per unit
+  of work, ``log(busy / work)``, over its peers' median of the same: busy time not
+  explained by work, and only while the stream is busier than its peers. A GPU level with its peers, or below
   them, adds no evidence, whatever its power or DRAM readings.
 - the *load* ``ℓ = min(x, y)``: busier *and* doing more: workload, reported as
   ``load_imbalance`` (info, never a fault).
@@ -265,28 +266,38 @@ def _work(latest: Array, basis: str | None) -> Array:
 
 def _levels(view: WindowView, latest: Array, basis: str | None) -> tuple[_Readings, _Readings]:
     """Each GPU against the GPUs of its node; each node's median GPU against the
-    job's nodes."""
+    job's nodes.
+
+    Busy time per unit of work, ``log(busy / work)``, is taken per GPU before any
+    median: the median of busy times and the median of work rates of a node whose
+    load varies are two different GPUs, and their ratio would describe neither."""
     busy, clock, work = latest[_B], latest[_CLOCK], _work(latest, basis)
-    node_busy, node_work, node_clock = (nanmedian(a, axis=1) for a in (busy, work, clock))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_work = np.log(busy / work)
+    node_busy, node_work, node_clock, node_per_work = (
+        nanmedian(a, axis=1) for a in (busy, work, clock, per_work))
     peers = (~np.isnan(busy)).sum(axis=1)
     node_idx, slot_idx = view.positions()
-    gpu = _readings(view.gpu_keys, busy[node_idx, slot_idx], node_busy[node_idx],
-                    work[node_idx, slot_idx], node_work[node_idx],
-                    clock[node_idx, slot_idx], node_clock[node_idx], basis,
+    at = (node_idx, slot_idx)
+    gpu = _readings(view.gpu_keys, busy[at], node_busy[node_idx], work[at],
+                    node_work[node_idx], clock[at], node_clock[node_idx],
+                    per_work[at] - node_per_work[node_idx], basis,
                     peers[node_idx] >= MIN_GPU_PEERS)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
-           for a in (node_busy, node_work, node_clock)]
+           for a in (node_busy, node_work, node_clock, node_per_work)]
     n = len(view.nodes)
     node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
-                     np.full(n, job[1]), node_clock, np.full(n, job[2]), basis,
+                     np.full(n, job[1]), node_clock, np.full(n, job[2]),
+                     node_per_work - job[3], basis,
                      np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS))
     return gpu, node
 
 
 def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_work: Array,
-              clock: Array, peer_clock: Array, basis: str | None,
+              clock: Array, peer_clock: Array, per_work: Array, basis: str | None,
               enough: Array) -> _Readings:
-    """The slowness and load statistics of streams against their peers' medians."""
+    """The slowness and load statistics of streams against their peers' medians
+    (``per_work``: the stream's busy time per unit of work over its peers', log)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.log(busy / peer_busy)
         y = np.log(work / peer_work)
@@ -294,7 +305,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)
     else:
-        slowness, load = np.fmin(x - y, x), np.fmin(x, y)
+        slowness, load = np.fmin(per_work, x), np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
     stats = np.stack([slowness, load])
     valid = compared[None, :] & ~np.isnan(stats)

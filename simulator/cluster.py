@@ -1,13 +1,23 @@
 """A synthetic GPU cluster that emits ``vigil.sample/1`` messages with known faults.
 
-Each job trains synchronously: every step, each GPU computes, then all wait for the
-slowest and communicate. A slowed GPU therefore looks *busier* than its peers (it
-computes while they spin in NCCL), which is what Vigil must notice. Job types:
-data parallel; pipeline parallel, whose stages legitimately differ (the last stage
-carries the loss); mixture-of-experts, with heavy all-to-all and an expert
-imbalance that rotates. Healthy look-alikes (warm-up, checkpoints, evaluation
-pauses, idle PCIe power saving, clock skew, lost and reordered messages) sit beside
-injected faults, each listed as a ground-truth label.
+Every job trains synchronously. Within each step every GPU moves through phases:
+it may wait idle for its node's input (no kernel: a data-loader-bound host), then
+computes its share of the step, then waits in the collective for the slowest GPU
+(NCCL spins on about 1/132 of the SMs, ``gpu_util`` reads 100 %), then communicates.
+A reading is the average of that timeline over the agent's one-second window, and
+each node samples at its own phase, so readings beat with the step (steps last
+0.3 s to 30 s) and a node's median swings with its phase (``simulator/physics.py``
+holds the counter definitions this follows).
+
+Work and speed are kept apart, as the hardware keeps them. A GPU's compute time is
+its work divided by its speed: more work (a hot MoE expert) and a slower GPU (a
+stall, a lower clock) both stretch it, and only the counters that measure work per
+elapsed cycle tell which. Job types: data parallel; pipeline parallel, whose stages
+legitimately differ; mixture-of-experts with heavy all-to-all and expert load that
+persists, wanders, jumps when experts are re-placed, rotates or dwells. Healthy
+look-alikes (warm-up, checkpoints, evaluation pauses, idle PCIe power saving, clock
+skew, lost and reordered messages) sit beside injected faults, each listed as a
+ground-truth label.
 """
 
 from __future__ import annotations
@@ -20,9 +30,16 @@ from typing import Any
 
 from contracts import SAMPLE_SCHEMA
 from contracts.messages import Sample
+from simulator.physics import (
+    NOMINAL_MEM_CLOCK,
+    NOMINAL_SM_CLOCK,
+    GpuPhases,
+    Speed,
+    counters,
+    phase_shares,
+)
 
 GPUS_PER_NODE = 8
-NOMINAL_SM_CLOCK = 1980.0
 GIB = float(1 << 30)
 NVLINK_PEAK = 300e9  # bytes/s one GPU moves at full all-reduce speed
 IB_PEAK = 50e9  # bytes/s of a 400 Gb/s port
@@ -45,8 +62,10 @@ FAULT_KINDS: dict[str, tuple[str, ...]] = {
     "node_silent": ("node_silent",),
     "network_phase": ("network_bound",),
     # physics the detectors were not designed around (issue #14's held-out classes)
-    "slow_gpu_quiet": ("straggler",),  # slower with no clock change and no flag
-    "slow_host": ("straggler",),  # a node's host (CPU, data loader) slows its GPUs
+    "slow_gpu_quiet": ("straggler",),  # a stall: slower with no clock change, no flag
+    # a node's host (CPU, data loader) keeps its GPUs waiting idle: nobody computes
+    # longer, so no GPU is a straggler; the job's slowdown names the node
+    "slow_host": ("slowdown", "straggler"),
     "thermal_creep": ("gpu_health", "straggler"),  # slows by `severity` over 10 min
 }
 JOB_LEVEL_FAULTS = {"hang", "network_phase"}
@@ -99,6 +118,15 @@ class JobSpec:
     # MoE hot expert that dwells on one GPU this long, then moves to another (0 = off)
     moe_dwell_seconds: float = 0.0
     heterogeneity: float = 0.0  # static per-GPU compute spread (silicon, cooling), σ
+    # MoE expert load as the published measurements have it: a persistent per-GPU
+    # share that wanders slowly (σ, time constant in steps), jumps when the balancer
+    # re-places experts (every so many steps; 0: never), and GPUs whose experts stay
+    # hot for good (their count, at ``moe_amplitude`` above the rest)
+    moe_walk_sigma: float = 0.0
+    moe_walk_steps: float = 500.0
+    moe_replace_steps: float = 0.0
+    moe_fixed_hot: int = 0
+    moe_step_noise: float = 0.03  # per-step token noise of each GPU's share
     leaves: dict[str, float] = field(default_factory=dict)  # node → time it leaves the job
 
     def stage_of(self, node_index: int) -> int:
@@ -140,9 +168,8 @@ def _clip(value: float, low: float = 0.0, high: float = 1.0) -> float:
 
 @dataclass
 class _GpuState:
-    busy: float  # share of the step computing
-    comm: float  # share of the step communicating
-    slow: float  # clock slowdown factor (1 = nominal)
+    phases: GpuPhases
+    speed: Speed
     nvlink_factor: float = 1.0
     throttle: int = 0
     hot: bool = False
@@ -162,6 +189,9 @@ class Simulator:
         self._ecc: dict[tuple[str, str], float] = {}
         self._ib_errors: dict[str, float] = {}
         self._moe_hot: dict[str, tuple[str, str]] = {}
+        self._moe_walk: dict[tuple[str, str, int], float] = {}  # GPU → log load share
+        self._steps: dict[str, float] = {}  # job → steps done (for re-placements)
+        self._origin: dict[str, tuple[float, float]] = {}  # job → (a step's start, period)
         # the newer physics draws from its own generator, so adding it left every
         # older scenario's samples exactly as they were
         self._physics = random.Random(f"{seed}-physics")
@@ -169,6 +199,9 @@ class Simulator:
         # job → [(true time, actual step / healthy step)], one per tick: the ground
         # truth of what the job's faults cost (inf while it hangs)
         self.truth: dict[str, list[tuple[float, float]]] = {}
+        # job → [(true time, healthy step / step with its work spread evenly)]: what
+        # the job's own load imbalance costs it (1 for an even job)
+        self.load_truth: dict[str, list[tuple[float, float]]] = {}
 
     def _faults(self, job: str, t: float) -> list[Fault]:
         return [f for f in self.cluster.faults if f.job == job and f.active(t)]
@@ -213,13 +246,15 @@ class Simulator:
             comm *= 1.4
         if "nic_degraded" in kinds:
             comm *= 1.6
-        if job.kind == "moe" and not (job.moe_rotation_seconds or job.moe_dwell_seconds) and (
+        if job.kind == "moe" and not (job.moe_rotation_seconds or job.moe_dwell_seconds
+                                      or job.moe_walk_sigma or job.moe_fixed_hot) and (
                 job.name not in self._moe_hot or rng.random() < 0.5):
             node = rng.choice(job.nodes)
             self._moe_hot[job.name] = (node, str(rng.randrange(job.gpus_per_node)))
-        compute: dict[tuple[str, str], float] = {}
-        healthy: dict[tuple[str, str], float] = {}
+        work: dict[tuple[str, str], float] = {}  # seconds of compute at nominal speed
+        speeds: dict[tuple[str, str], Speed] = {}
         states: dict[tuple[str, str], _GpuState] = {}
+        idle: dict[str, float] = {}  # node → seconds its GPUs wait for input each step
         gone = {n for n, at in job.leaves.items() if at <= t}
         for n, node in enumerate(job.nodes):
             if node in gone:
@@ -229,74 +264,142 @@ class Simulator:
                 stage = job.stage_of(n)
                 stage_factor = 1.25 if stage == min(job.stages, len(job.nodes)) - 1 else (
                     1.05 if stage == 0 else 1.0)
+            idle[node] = sum((f.severity - 1.0) * job.compute_seconds for f in faults
+                             if f.kind == "slow_host" and f.node == node)
             for g in range(job.gpus_per_node):
                 key = (node, str(g))
-                factor = stage_factor
-                fault_factor = 1.0
-                st = _GpuState(0.0, 0.0, 1.0)
-                factor *= self._workload_factor(job, t, n, g)
-                for f in faults:
-                    if f.node != node:
-                        continue
-                    if f.kind == "slow_host" or (f.kind == "slow_gpu_quiet" and f.gpu == str(g)):
-                        fault_factor *= f.severity  # no clock change, no flag
-                    elif f.kind == "thermal_creep" and f.gpu == str(g):
-                        heat = min(1.0, (t - f.start) / CREEP_SECONDS)
-                        slow = 1.0 + (f.severity - 1.0) * heat
-                        fault_factor *= slow
-                        st.slow, st.heat = slow, heat
-                        st.throttle = THROTTLE_HW_THERMAL if heat >= 0.5 else 0
-                    elif f.kind == "slow_node" or (f.kind == "slow_gpu" and f.gpu == str(g)):
-                        fault_factor *= f.severity
-                        st.slow, st.throttle = f.severity, THROTTLE_SW_POWER_CAP
-                    elif f.kind == "thermal" and f.gpu == str(g):
-                        fault_factor *= 1.25
-                        st.slow, st.throttle, st.hot = 1.25, THROTTLE_HW_THERMAL, True
-                    elif f.kind == "nvlink_degraded" and f.gpu == str(g):
-                        st.nvlink_factor = 0.55
+                factor = stage_factor * self._workload_factor(job, t, n, g)
                 if job.kind == "moe" and self._moe_hot.get(job.name) == key:
                     factor *= 1.2
                 if event == "warmup":
                     factor *= rng.uniform(0.9, 1.1)
-                healthy[key] = job.compute_seconds * rng.gauss(1.0, 0.015) * factor
-                compute[key] = healthy[key] * fault_factor
-                states[key] = st
-        step = max(compute.values()) + comm
+                work[key] = job.compute_seconds * rng.gauss(1.0, 0.015) * factor
+                speeds[key], states[key] = self._speed(job, node, g, faults, t)
+        compute = {k: work[k] * sp.stall / sp.clock for k, sp in speeds.items()}
+        healthy = {k: work[k] * self._silicon(job, k) for k in work}
+        barrier = max(idle[k[0]] + c for k, c in compute.items())
+        step = barrier + comm
+        healthy_step = max(healthy.values()) + healthy_comm
+        even = sum(work.values()) / len(work)
+        even_step = max(even * self._silicon(job, k) for k in work) + healthy_comm
         self.truth.setdefault(job.name, []).append(
-            (t, math.inf if "hang" in kinds else step / (max(healthy.values()) + healthy_comm)))
+            (t, math.inf if "hang" in kinds else step / healthy_step))
+        self.load_truth.setdefault(job.name, []).append((t, healthy_step / even_step))
         for key, st in states.items():
-            st.busy = compute[key] / step
-            st.comm = comm / step
-        for node in job.nodes:
+            st.phases = GpuPhases(idle[key[0]], compute[key], barrier, comm)
+        self._steps[job.name] = self._steps.get(job.name, 0.0) + self.tick / step
+        origin = self._step_origin(job.name, t, step)
+        for n, node in enumerate(job.nodes):
             if any(f.kind == "node_silent" and f.node == node for f in faults):
                 continue
             if node in gone:  # left the job: idle, reporting under no job
-                idle = {(node, str(g)): _GpuState(0.0, 0.0, 1.0)
-                        for g in range(job.gpus_per_node)}
-                yield {**self._node_sample(job, node, t, idle, [], None, set()), "job": ""}
+                rest = GpuPhases(self.tick, 0.0, self.tick, 0.0)
+                idle_states = {(node, str(g)): _GpuState(rest, Speed())
+                               for g in range(job.gpus_per_node)}
+                yield {**self._node_sample(job, node, t, idle_states, [], None, set(), origin),
+                       "job": ""}
                 continue
-            yield self._node_sample(job, node, t, states, faults, event, kinds)
+            yield self._node_sample(job, node, t, states, faults, event, kinds, origin)
+
+    def _step_origin(self, job: str, t: float, period: float) -> float:
+        """A time at which one of the job's steps began, for steps of ``period``: the
+        step in progress at the last tick keeps its progress when the period
+        changes (a fault lengthens the steps from here on, it does not jump)."""
+        before = self._origin.get(job)
+        if before is None:
+            origin = t - self._physics.uniform(0.0, period)
+        else:
+            old_origin, old_period = before
+            done = ((t - self.tick - old_origin) % old_period) / old_period
+            origin = t - self.tick - done * period
+        self._origin[job] = (origin, period)
+        return origin
+
+    def _speed(self, job: JobSpec, node: str, g: int, faults: list[Fault],
+               t: float) -> tuple[Speed, _GpuState]:
+        """A GPU's speed under the faults that touch it, and its state for readings."""
+        gpu = str(g)
+        clock, stall = 1.0, self._silicon(job, (node, gpu))
+        st = _GpuState(GpuPhases(0.0, 0.0, 0.0, 0.0), Speed())
+        for f in faults:
+            if f.node != node:
+                continue
+            mine = f.gpu == gpu
+            if f.kind == "slow_gpu_quiet" and mine:
+                stall *= f.severity  # a stall: no clock change, no flag
+            elif f.kind == "thermal_creep" and mine:
+                heat = min(1.0, (t - f.start) / CREEP_SECONDS)
+                slow = 1.0 + (f.severity - 1.0) * heat
+                clock /= slow
+                st.heat = heat
+                st.throttle = THROTTLE_HW_THERMAL if heat >= 0.5 else 0
+            elif f.kind == "slow_node" or (f.kind == "slow_gpu" and mine):
+                clock /= f.severity
+                st.throttle = THROTTLE_SW_POWER_CAP
+            elif f.kind == "thermal" and mine:
+                clock /= 1.25
+                st.throttle, st.hot = THROTTLE_HW_THERMAL, True
+            elif f.kind == "nvlink_degraded" and mine:
+                st.nvlink_factor = 0.55
+        intensity = self._draw((job.name, node, gpu, "intensity"),
+                               lambda: self._physics.gauss(1.0, 0.01))
+        st.speed = Speed(clock=clock, stall=stall, intensity=intensity)
+        return st.speed, st
+
+    def _silicon(self, job: JobSpec, key: tuple[str, str]) -> float:
+        """A GPU's static time per unit of work (silicon, cooling): 1 ± the job's
+        heterogeneity."""
+        if not job.heterogeneity:
+            return 1.0
+        return self._draw((job.name, *key, "spread"), lambda: max(
+            0.8, self._physics.gauss(1.0, job.heterogeneity)))
 
     def _workload_factor(self, job: JobSpec, t: float, node_index: int, gpu: int) -> float:
-        """Healthy compute differences: static per-GPU spread, and MoE expert load that
-        rotates smoothly between GPUs (each GPU peaks once per rotation, at its own
-        phase: where its experts sit)."""
+        """A GPU's share of the step's work, against an even share: MoE expert load
+        that wanders, jumps when experts are re-placed, stays hot for good, rotates
+        smoothly or dwells on one GPU at a time; per-step token noise."""
         factor = 1.0
+        if job.kind != "moe":
+            return factor
         node, physics = job.nodes[node_index], self._physics
-        if job.heterogeneity:
-            factor *= self._draw((job.name, node, str(gpu), "spread"), lambda: max(
-                0.8, physics.gauss(1.0, job.heterogeneity)))
-        if job.kind == "moe" and job.moe_rotation_seconds:
+        if job.moe_rotation_seconds:
             phase = self._draw((job.name, node, str(gpu), "phase"), physics.random)
             factor *= 1.0 + job.moe_amplitude * math.cos(
                 2 * math.pi * ((t - self.start) / job.moe_rotation_seconds - phase))
-        if job.kind == "moe" and job.moe_dwell_seconds:
+        if job.moe_dwell_seconds:
             turn = int((t - self.start) // job.moe_dwell_seconds)
             hot = self._draw((job.name, str(turn), "hot"), lambda: float(
                 physics.randrange(len(job.nodes) * job.gpus_per_node)))
             if hot == node_index * job.gpus_per_node + gpu:
                 factor *= 1.0 + job.moe_amplitude
+        if job.moe_fixed_hot:
+            index = node_index * job.gpus_per_node + gpu
+            hot_ones = self._draw((job.name, "fixed-hot"), lambda: float(
+                physics.randrange(len(job.nodes) * job.gpus_per_node)))
+            if (index - int(hot_ones)) % (len(job.nodes) * job.gpus_per_node) < job.moe_fixed_hot:
+                factor *= 1.0 + job.moe_amplitude
+        if job.moe_walk_sigma:
+            factor *= math.exp(self._walk(job, node, gpu))
+            factor *= max(0.5, physics.gauss(1.0, job.moe_step_noise))
         return factor
+
+    def _walk(self, job: JobSpec, node: str, gpu: int) -> float:
+        """A GPU's persistent log load share: an Ornstein-Uhlenbeck walk with the
+        job's σ and time constant (in steps), redrawn when experts are re-placed."""
+        key, physics = (job.name, node, gpu), self._physics
+        sigma, steps = job.moe_walk_sigma, self._steps.get(job.name, 0.0)
+        level = self._moe_walk.get(key)
+        replaced = job.moe_replace_steps and level is not None and int(
+            steps // job.moe_replace_steps) != int(self._moe_walk.get((job.name, "", -1), 0.0))
+        if level is None or replaced:
+            level = physics.gauss(0.0, sigma)
+        else:
+            a = min(1.0, (self.tick / max(job.compute_seconds, 1e-3)) / job.moe_walk_steps)
+            level += -a * level + sigma * math.sqrt(2 * a) * physics.gauss(0.0, 1.0)
+        self._moe_walk[key] = level
+        if job.moe_replace_steps and gpu == job.gpus_per_node - 1 and node == job.nodes[-1]:
+            self._moe_walk[(job.name, "", -1)] = float(int(steps // job.moe_replace_steps))
+        return level
 
     def _draw(self, key: tuple[str, ...], draw: Callable[[], float]) -> float:
         """A physics value drawn the first time ``key`` is asked for, then fixed (a
@@ -307,7 +410,7 @@ class Simulator:
 
     def _node_sample(self, job: JobSpec, node: str, t: float,
                      states: dict[tuple[str, str], _GpuState], faults: list[Fault],
-                     event: str | None, kinds: set[str]) -> Sample:
+                     event: str | None, kinds: set[str], origin: float) -> Sample:
         rng = self._rng
         gpus: dict[str, dict[str, float]] = {}
         for g in range(job.gpus_per_node):
@@ -315,13 +418,16 @@ class Simulator:
             mine = [f for f in faults if f.node == node and f.gpu == gpu]
             if any(f.kind == "gpu_lost" and t >= f.start + 1 for f in mine):
                 continue  # fell off the bus: no reading at all
-            reading = self._gpu_reading(states[(node, gpu)], event, "hang" in kinds)
+            reading = self._gpu_reading(states[(node, gpu)], event, "hang" in kinds,
+                                        self._window(node, t), origin)
             for f in mine:
                 self._apply_gpu_fault(f, reading, t, (node, gpu))
             reading["ecc_dbe"] = self._ecc.get((node, gpu), 0.0)
             gpus[gpu] = reading
         nic_degraded = any(f.kind == "nic_degraded" and f.node == node for f in faults)
-        comm_share = states[(node, "0")].comm if (node, "0") in states else 0.0
+        first = states.get((node, "0"))
+        comm_share = phase_shares(first.phases, *self._window(node, t), origin)[3] if (
+            first is not None and first.phases.period > 0) else 0.0
         nics = {}
         for k in range(2):
             name = f"mlx5_{k}"
@@ -343,6 +449,13 @@ class Simulator:
             "nics": nics,
             "meta": {"agent": "vigil-simulator", "gpu_model": "H100-SXM", "sm_count": 132},
         }
+
+    def _window(self, node: str, t: float) -> tuple[float, float]:
+        """The true times the node's agent averaged its sample of tick ``t`` over:
+        one tick, at the node's own phase."""
+        phase = self._draw(("window-phase", node), self._physics.random)
+        end = t - phase * self.tick
+        return end - self.tick, end
 
     def _clock(self, node: str, t: float) -> float:
         """How far the node's clock is off true time ``t``: the suite's random skew, a
@@ -369,42 +482,38 @@ class Simulator:
         elif f.kind == "pcie_downgrade":
             reading["pcie_gen"], reading["pcie_width"] = 3.0, 8.0
 
-    def _gpu_reading(self, st: _GpuState, event: str | None, hung: bool) -> dict[str, float]:
+    def _gpu_reading(self, st: _GpuState, event: str | None, hung: bool,
+                     window: tuple[float, float], origin: float) -> dict[str, float]:
         rng = self._rng
-
-        def noisy(x: float, sd: float = 0.01) -> float:
-            return _clip(x + rng.gauss(0.0, sd))
-
-        busy, comm = st.busy, st.comm
-        wait = max(0.0, 1.0 - busy - comm)
-        sm = 0.92 * busy + 0.12 * comm + 0.008 * wait
-        tensor, dram, util = 0.42 * busy, 0.38 * busy + 0.15 * comm, 0.99
-        nvlink = comm * NVLINK_PEAK * 0.5 * st.nvlink_factor
-        pcie_tx, pcie_gen = abs(rng.gauss(1.2e9, 1e8)), 5.0
+        period = st.phases.period
+        shares = (phase_shares(st.phases, *window, origin) if period > 0
+                  else (1.0, 0.0, 0.0, 0.0))
         if hung:  # a spinning NCCL kernel: 100% "utilisation", 1/132 of the SMs
-            sm, tensor, dram, util, nvlink, busy = 1 / 132, 0.0, 0.01, 1.0, 0.0, 0.0
-        elif event == "checkpoint":
-            sm, tensor, dram, util, nvlink, busy = 0.01, 0.0, 0.05, 0.05, 0.0, 0.0
-            pcie_tx = abs(rng.gauss(12e9, 5e8))
-        elif event == "eval":
-            sm, tensor, dram, util, nvlink, busy = 0.3, 0.15, 0.2, 0.7, 0.0, 0.25
+            shares = (0.0, 0.0, 1.0, 0.0)
+        values = counters(shares, st.speed, rng.gauss(1.0, 0.01))
+        nvlink = shares[3] * NVLINK_PEAK * 0.5 * st.nvlink_factor
+        pcie_tx, pcie_gen = abs(rng.gauss(1.2e9, 1e8)), 5.0
+        if event == "checkpoint":
+            values.update(sm_active=0.01, sm_occupancy=0.0, tensor_active=0.0, fp16_active=0.0,
+                          fp32_active=0.0, dram_active=0.05, gpu_util=0.05, power=110.0)
+            nvlink, pcie_tx = 0.0, abs(rng.gauss(12e9, 5e8))
+        elif event == "eval":  # forward passes only, no gradient exchange
+            values = counters((0.2, 0.3, 0.5, 0.0), st.speed, rng.gauss(1.0, 0.01))
+            nvlink = 0.0
             pcie_gen = 1.0 if rng.random() < 0.3 else 5.0  # idle power saving
-        elif event == "warmup":
-            sm, tensor = sm * 0.6, tensor * 0.5
-        clock = NOMINAL_SM_CLOCK / st.slow
+        for name in ("sm_active", "sm_occupancy", "tensor_active", "fp16_active",
+                     "fp32_active", "dram_active"):
+            values[name] = _clip(values[name] + rng.gauss(0.0, 0.003))
+        values["gpu_util"] = _clip(values["gpu_util"] + rng.gauss(0.0, 0.002))
+        power = max(60.0, rng.gauss(values["power"], 4.0))
+        busy = values["sm_active"]
         return {
-            "sm_active": noisy(sm),
-            "sm_occupancy": noisy(0.55 * busy + 0.05 * comm),
-            "tensor_active": noisy(tensor),
-            "fp16_active": noisy(0.08 * busy),
-            "fp32_active": noisy(0.05 * busy + 0.02 * comm),
-            "fp64_active": 0.0,
-            "dram_active": noisy(dram),
-            "gpu_util": noisy(util, 0.003),
-            "power": max(60.0, rng.gauss(120 + 520 * busy + 80 * comm, 8.0)),
-            "temperature": rng.gauss(90.0 if st.hot else 55 + 22 * busy + 30 * st.heat, 0.8),
-            "sm_clock": round(clock + rng.gauss(0, 5)),
-            "mem_clock": 2619.0,
+            **values,
+            "power": power,
+            "temperature": rng.gauss(90.0 if st.hot else 40 + 0.06 * power + 30 * st.heat
+                                     + 2 * busy, 0.8),
+            "sm_clock": round(NOMINAL_SM_CLOCK * st.speed.clock + rng.gauss(0, 5)),
+            "mem_clock": round(NOMINAL_MEM_CLOCK * st.speed.mem_clock),
             "mem_used": 71.5 * GIB,
             "nvlink_tx": nvlink * rng.gauss(1.0, 0.02),
             "nvlink_rx": nvlink * rng.gauss(1.0, 0.02),

@@ -37,14 +37,70 @@ def test_a_quiet_straggler_has_no_clock_or_flag_signature() -> None:
     assert statistics.fmean(r for t, r in sim.truth["j"] if t > T0 + 35) > 1.07
 
 
-def test_slow_host_slows_a_whole_node_and_loads_its_cpu() -> None:
+def _mean(samples: list[dict[str, Any]], node: str, gpu: str, metric: str,
+          since: float = 0.0) -> float:
+    return statistics.fmean(s["gpus"][gpu][metric] for s in samples
+                            if s["node"] == node and since <= s["ts"] - T0)
+
+
+def test_a_data_loader_bound_node_waits_idle_and_loads_its_cpu() -> None:
     job = JobSpec("j", ["a", "b", "c"])
-    samples, _ = _run(Cluster([job], [Fault("slow_host", "j", "b", None, T0, severity=1.25)]),
-                      30)
+    samples, sim = _run(Cluster([job], [Fault("slow_host", "j", "b", None, T0,
+                                              severity=1.25)]), 60)
     cpu = {n: statistics.fmean(s["host"]["cpu_util"] for s in samples if s["node"] == n)
            for n in "abc"}
     assert cpu["b"] > 0.9 > 0.5 > cpu["a"]
-    assert all(_sm(samples, "b", g) > _sm(samples, "a", g) + 0.05 for g in "0123")
+    for g in "0123":  # its GPUs wait with no kernel: not busier, less utilised
+        assert abs(_sm(samples, "b", g) - _sm(samples, "a", g)) < 0.04
+        assert _mean(samples, "b", g, "gpu_util") < _mean(samples, "a", g, "gpu_util") - 0.1
+        assert _mean(samples, "b", g, "power") < _mean(samples, "a", g, "power")
+    assert statistics.fmean(r for _, r in sim.truth["j"]) == pytest.approx(1.2, abs=0.03)
+
+
+@pytest.mark.parametrize(("fault", "busy", "tensor", "work"), [
+    (Fault("slow_gpu_quiet", "j", "a", "3", T0, severity=1.2), 1.2, 1.0, 1.0),  # stall
+    (Fault("slow_gpu", "j", "a", "3", T0, severity=1.25), 1.25, 1.25, 1.0),  # clock
+])
+def test_counters_follow_their_definitions(fault: Fault, busy: float, tensor: float,
+                                           work: float) -> None:
+    """Issue #28's table: busy time, tensor activity and work rate of a slowed GPU
+    against the other GPUs of its node (the node's window: phase cancels)."""
+    job = JobSpec("j", ["a", "b"], compute_seconds=0.8, comm_seconds=0.2)
+    samples, _ = _run(Cluster([job], [fault]), 120)
+    peers = "0124567"
+
+    def ratio(metric: str, fn: Any = None) -> float:
+        read = fn or (lambda r: r[metric])
+        mine = statistics.fmean(read(s["gpus"]["3"]) for s in samples if s["node"] == "a")
+        theirs = statistics.median(statistics.fmean(read(s["gpus"][g]) for s in samples
+                                                    if s["node"] == "a") for g in peers)
+        return mine / theirs
+
+    assert ratio("sm_active") == pytest.approx(busy, rel=0.06)
+    assert ratio("tensor_active") == pytest.approx(tensor, rel=0.04)
+    assert ratio("", lambda r: r["tensor_active"] * r["sm_clock"]) == pytest.approx(work, rel=0.04)
+
+
+def test_more_work_raises_busy_time_and_work_rate_together() -> None:
+    job = JobSpec("j", ["a", "b"], kind="moe", moe_fixed_hot=1, moe_amplitude=0.2)
+    samples, sim = _run(Cluster([job]), 120)
+    keys = [(n, g) for n in "ab" for g in map(str, range(8))]
+    work = {k: _mean(samples, *k, "tensor_active") for k in keys}
+    busy = {k: _sm(samples, *k) for k in keys}
+    hot = max(keys, key=work.__getitem__)
+    rest = statistics.median(v for k, v in work.items() if k != hot)
+    assert work[hot] / rest == pytest.approx(1.2, rel=0.05)
+    assert busy[hot] / statistics.median(v for k, v in busy.items() if k != hot) > 1.12
+    assert statistics.fmean(r for _, r in sim.load_truth["j"]) > 1.05  # it costs the job
+
+
+def test_readings_beat_with_long_steps_and_nodes_sample_at_their_own_phase() -> None:
+    job = JobSpec("j", ["a", "b", "c", "d"], compute_seconds=8.0, comm_seconds=2.0)
+    samples, _ = _run(Cluster([job]), 60)
+    a = [s["gpus"]["0"]["sm_active"] for s in samples if s["node"] == "a"]
+    assert max(a) > 0.8 and min(a) < 0.1  # a 1 s window sees one phase of a 10 s step
+    at = {n: [s["gpus"]["0"]["sm_active"] for s in samples if s["node"] == n] for n in "abcd"}
+    assert len({tuple(round(v, 1) for v in vs[:20]) for vs in at.values()}) > 1
 
 
 def test_thermal_creep_slows_gradually_and_flags_only_late() -> None:

@@ -1,0 +1,125 @@
+"""Counters as the hardware makes them, from one GPU's timeline within a step.
+
+Each line follows the counter's definition (DCGM field identifiers in brackets):
+
+- ``sm_active`` [1002]: the share of cycles with at least one warp resident on an
+  SM, averaged over the SMs, *stalled or not*. It is busy time: computing keeps
+  nearly every SM occupied; a spinning NCCL kernel waiting in a collective keeps
+  one SM of 132; communication kernels a few.
+- ``tensor_active`` [1004], ``fp16_active`` [1006], ``fp32_active`` [1007]: the
+  share of elapsed cycles, *at the current clock*, in which that pipe worked. A GPU
+  doing ``W`` tensor cycles of work per step in a step of ``T`` seconds at clock
+  ``f`` reads ``W / (f T)``: a stall (more time, same work, same clock) leaves it
+  level with its peers, a lower clock raises it as much as it lowers ``f``, more
+  work raises it. ``tensor_active × sm_clock`` is the work rate.
+- ``dram_active`` [1005]: the share of *memory-clock* cycles the DRAM interface
+  moved data. The bytes of a step over the step's time: level for a slower SM
+  (stall or clock), up with more work, up when the memory clock is lowered.
+- ``gpu_util`` (NVML utilization.gpu): the share of time a kernel ran, whatever it
+  did: a GPU spinning in a collective reads 100 %; only a GPU waiting with no
+  kernel (for its host's input) reads less.
+- ``power``: the board's draw, averaged over the window: idle draw, plus what
+  each phase adds. Computing costs most and scales with the clock and with how
+  much of each cycle the pipes work, so a stalled GPU draws less per busy second.
+
+A reading is the average over the agent's window (``phase_shares``); every
+activity counter of one GPU in one window shares one noise factor (``counters``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+SM_COUNT = 132
+NOMINAL_SM_CLOCK = 1980.0
+NOMINAL_MEM_CLOCK = 2619.0
+TENSOR_WHILE_COMPUTING = 0.45  # share of cycles the tensor pipes work, nominal GPU
+DRAM_WHILE_COMPUTING = 0.50  # share of memory cycles moving data while computing
+SM_WHILE_COMPUTING = 0.95
+SM_WHILE_COMMUNICATING = 0.10
+SM_WHILE_WAITING = 1.0 / SM_COUNT  # one spinning NCCL block
+IDLE_WATTS = 90.0
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How fast a GPU turns work into time: its SM clock and memory clock as shares
+    of nominal, its stall factor (time per unit of work at the same clock: memory
+    stalls, in-compute link waits; 1 = none) and its static tensor cycles per unit
+    of work (kernel and silicon differences, about 1)."""
+
+    clock: float = 1.0
+    mem_clock: float = 1.0
+    stall: float = 1.0
+    intensity: float = 1.0
+
+
+@dataclass(frozen=True)
+class GpuPhases:
+    """One GPU's step, in seconds from the step's start: idle until ``idle`` (its
+    node's input not ready), computing for ``compute``, waiting in the collective
+    until ``barrier`` (when the slowest GPU is done), then communicating for
+    ``comm``."""
+
+    idle: float
+    compute: float
+    barrier: float
+    comm: float
+
+    @property
+    def period(self) -> float:
+        return self.barrier + self.comm
+
+
+def overlap(a: float, b: float, origin: float, period: float, lo: float, hi: float) -> float:
+    """Seconds of ``[a, b)`` whose time since ``origin``, modulo ``period``, lies in
+    ``[lo, hi)``: a periodic phase's share of a window, exactly, with no time step."""
+    if hi <= lo:
+        return 0.0
+
+    def before(u: float) -> float:
+        turns = math.floor(u / period)
+        return turns * (hi - lo) + min(max(u - turns * period - lo, 0.0), hi - lo)
+
+    return before(b - origin) - before(a - origin)
+
+
+def phase_shares(p: GpuPhases, a: float, b: float, origin: float
+                 ) -> tuple[float, float, float, float]:
+    """Shares of the window ``[a, b)`` spent idle, computing, waiting in the
+    collective and communicating, for steps that began at ``origin`` (mod period)."""
+    period, span = p.period, b - a
+    marks = (0.0, p.idle, p.idle + p.compute, p.barrier, period)
+    idle, compute, wait, comm = (overlap(a, b, origin, period, lo, hi) / span
+                                 for lo, hi in zip(marks, marks[1:], strict=False))
+    return idle, compute, wait, comm
+
+
+def counters(shares: tuple[float, float, float, float], speed: Speed,
+             noise: float = 1.0) -> dict[str, float]:
+    """The activity counters and power of one window (``noise``: the factor shared
+    by every activity counter of this GPU in this window)."""
+    idle, compute, wait, comm = shares
+    tensor_rate = TENSOR_WHILE_COMPUTING * speed.intensity / speed.stall
+    # a step's bytes over its compute time, as a share of memory-clock cycles
+    dram_rate = DRAM_WHILE_COMPUTING * speed.clock / (speed.stall * speed.mem_clock)
+
+    def ratio(x: float) -> float:
+        return min(1.0, max(0.0, x * noise))
+
+    computing_watts = speed.clock ** 2 * (
+        110.0 + 330.0 * tensor_rate / TENSOR_WHILE_COMPUTING
+        + 60.0 * dram_rate / DRAM_WHILE_COMPUTING)
+    return {
+        "sm_active": ratio(compute * SM_WHILE_COMPUTING + wait * SM_WHILE_WAITING
+                           + comm * SM_WHILE_COMMUNICATING),
+        "sm_occupancy": ratio(compute * 0.5 + comm * 0.05 + wait * 0.004),
+        "tensor_active": ratio(compute * tensor_rate),
+        "fp16_active": ratio(compute * 0.08 / speed.stall),
+        "fp32_active": ratio(compute * 0.05 / speed.stall + comm * 0.02),
+        "fp64_active": 0.0,
+        "dram_active": ratio(compute * dram_rate + comm * 0.15),
+        "gpu_util": ratio(1.0 - idle),
+        "power": IDLE_WATTS + compute * computing_watts + wait * 55.0 + comm * 90.0,
+    }
