@@ -17,7 +17,7 @@ from typing import Any
 from contracts.codec import DETECTION_KINDS
 from contracts.config import DetectConfig
 from contracts.messages import Detection, Sample
-from detectors import cost, hang, links, network, straggler
+from detectors import cost, hang, links, network, slowdown, straggler
 from detectors.clocks import ClockOffsets
 from detectors.findings import Finding
 from detectors.hang import HangParams, find_hang
@@ -30,7 +30,7 @@ from detectors.straggler import StragglerParams, find_stragglers
 from detectors.window import ALL_GPU_METRICS, ALL_NIC_METRICS, JobWindow, WindowView
 
 # Only what some window detector reads is windowed (in catalog order).
-_DETECTORS = (cost, hang, links, network, straggler)
+_DETECTORS = (cost, hang, links, network, slowdown, straggler)
 WINDOW_GPU = tuple(m for m in ALL_GPU_METRICS if any(m in d.GPU_READS for d in _DETECTORS))
 WINDOW_NIC = tuple(m for m in ALL_NIC_METRICS if any(m in d.NIC_READS for d in _DETECTORS))
 EVALUATED_KINDS = set(DETECTION_KINDS)  # every kind is re-evaluated at each step
@@ -54,6 +54,7 @@ class JobEngine:
                                     state.get("health"))
         self.peer_memory: dict[str, Any] = state.get("peer_memory", {})
         self.cost_memory: dict[str, Any] = state.get("cost", {})
+        self.slowdown_memory: dict[str, Any] = state.get("slowdown", {})
         self.clocks = ClockOffsets(state.get("clocks"))
         self.max_ts: float | None = state.get("max_ts")
         self.next_bin: int | None = state.get("next_bin")
@@ -71,7 +72,8 @@ class JobEngine:
                 "incidents": self.tracker.to_state(),
                 "health": self.health.to_state(),
                 "peer_memory": straggler.memory_state(self.peer_memory),
-                "cost": self.cost_memory, "clocks": self.clocks.to_state(),
+                "cost": self.cost_memory, "slowdown": self.slowdown_memory,
+                "clocks": self.clocks.to_state(),
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 
     def ingest(self, sample: Sample) -> list[Detection]:
@@ -148,6 +150,7 @@ class JobEngine:
                  *find_network_bound(view, self.network_params)]
         if not hung:  # a hung job's GPUs are idle together: no one is out of step
             found.extend(find_stragglers(view, self.stragglers, self.peer_memory))
+        found.extend(slowdown.find_slowdown(view, found, self.slowdown_memory))
         cost.annotate(view, found, self.cost_memory, set(self.tracker.conditions))
         return found
 

@@ -341,6 +341,12 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
         "sm_clock": None if math.isnan(clock) else round(clock, 1),
         "peer_sm_clock": None if math.isnan(peer_clock) else round(peer_clock, 1),
         "z": None if math.isnan(dev.z) else round(dev.z, 2),
+        # the readings behind it, in the shape every straggler has carried
+        "deviations": [{"metric": m, "value": _rounded(v), "peer_median": _rounded(p),
+                        "z": None if math.isnan(dev.z) else round(dev.z, 2)}
+                       for m, v, p in ((BUSY, busy, peer_busy),
+                                       (basis, float(r.work[i]), float(r.peer_work[i])))
+                       if m is not None],
     }
     if slow:
         evidence["clock_signature"] = bool(throttled)
@@ -364,6 +370,10 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
 def _basis_text(basis: str | None) -> str:
     clock = dict(WORK_SOURCES).get(basis or "")
     return f"{basis} × {clock}" if clock else str(basis)
+
+
+def _rounded(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 4)
 
 
 def _score(dev: Departure) -> float:

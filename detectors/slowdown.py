@@ -1,0 +1,135 @@
+"""A job that slowed down with nobody to blame: the job-level ``slowdown`` finding.
+
+Some faults slow a whole job without making any GPU busier than its peers. A node
+whose host cannot feed its GPUs (a data loader, a saturated CPU) leaves them idle,
+with no kernel, at the start of every step, while every other GPU of the job waits
+for them in the collective: nobody computes longer, so no straggler test can fire,
+yet every step is longer. The cost estimate's counters still see it (see
+``detectors/cost.py``): a healthy GPU's tensor duty cycle falls by ``T0 / T`` when
+the step stretches from ``T0`` to ``T``.
+
+**How a slowdown is told from normal variation.** The job's level (the median
+node's median duty cycle over the last ``RECENT_BINS``) is compared with its own
+healthy level: the upper quartile of its levels over the last ten minutes
+(``HISTORY_BINS``), frozen while an inflation is open so a slow level never
+becomes the norm (for up to ``MAX_RUN_BINS``: a job that changed its batch size
+has a new normal). A pause (checkpoint, evaluation: below ``PHASE_FLOOR`` of it)
+is skipped, not counted, and step-to-step jitter is far below the
+``MIN_INFLATION`` it takes. Only an inflation
+that lasts, while no other finding of the job explains it (a straggler, a link or
+network fault, a hang, a throttled GPU, load imbalance), is a finding: for
+``SUSTAIN_BINS`` in a row when a node stands out as its cause (below), for
+``LONE_SUSTAIN_BINS`` when none does. A whole-job phase (an evaluation pass, say)
+lowers the duty cycle of every node alike and ends within a minute or two; what
+a single node's host does shows on that node alone.
+
+**Candidates.** The finding names what the counters point at, strongest first: a
+node whose GPUs idle with no kernel (``gpu_util`` below the job's by
+``IDLE_MARGIN``) while their peers wait in collectives; a node whose GPUs are
+slower to start than the rest. The data-loader node is named as the first.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import numpy as np
+
+from detectors.cost import PHASE_FLOOR, cost_fields, duty_metric
+from detectors.findings import Finding, fmt
+from detectors.robust import nanmedian
+from detectors.window import WindowView
+
+GPU_READS = ("tensor_active", "sm_active", "gpu_util")
+NIC_READS: tuple[str, ...] = ()
+MIN_INFLATION = 0.10  # steps this much longer than healthy
+SUSTAIN_BINS = 6  # for this many bins in a row (30 s at 5 s bins) with a suspect node
+LONE_SUSTAIN_BINS = 24  # ... or this many (2 min) with none: longer than a pause lasts
+RECENT_BINS = 3  # the current level is the median of these
+HISTORY_BINS = 120  # the job's levels kept (10 min at 5 s bins) ...
+HEALTHY_QUANTILE = 0.75  # ... whose upper quartile is its healthy level ...
+MIN_HISTORY_BINS = 12  # ... once it has this many
+MAX_RUN_BINS = 360  # after 30 min a slower level is the job's new normal
+IDLE_MARGIN = 0.05  # a node's GPUs this much less utilised than the job's: idle
+EXPLAINING = frozenset({"straggler", "link_health", "network_bound", "hang",
+                        "load_imbalance", "node_silent"})
+
+
+def find_slowdown(view: WindowView, others: list[Finding],
+                  memory: dict[str, Any]) -> list[Finding]:
+    """The job-level slowdown finding for the view's latest bin, if any. ``others``:
+    the job's other findings this bin; ``memory``: the job's recent levels, the
+    baseline of an open run and its length (persisted with the engine)."""
+    if not view.gpus or len(view.bins) < RECENT_BINS:
+        return []
+    metric = memory.get("metric") or duty_metric(view.gpu)
+    memory["metric"] = metric
+    per_node = nanmedian(view.per_node(metric, last=RECENT_BINS), axis=1)  # nodes × bins
+    levels = [v for v in nanmedian(per_node, axis=0).tolist() if v == v]
+    if not levels:
+        return []
+    now = statistics.median(levels)
+    history: list[float] = memory.setdefault("history", [])
+    healthy = memory.get("baseline")
+    if healthy is None:
+        if len(history) < MIN_HISTORY_BINS:
+            healthy = None
+        else:
+            healthy = float(np.quantile(history, HEALTHY_QUANTILE))
+    if healthy is not None and now < PHASE_FLOOR * healthy:  # a pause: held, not evidence
+        return _open(view, memory, healthy, now)
+    explained = any(f.kind in EXPLAINING or (f.kind == "gpu_health" and f.metrics ==
+                                              ("throttle",)) for f in others)
+    inflation = healthy / now - 1.0 if healthy is not None and now > 0 else 0.0
+    if inflation < MIN_INFLATION or explained or int(memory.get("run", 0)) >= MAX_RUN_BINS:
+        for key in ("since", "run", "baseline"):
+            memory.pop(key, None)
+        history.append(round(now, 5))
+        del history[:-HISTORY_BINS]
+        return []
+    memory["baseline"] = healthy
+    memory.setdefault("since", view.bin_start(RECENT_BINS - 1, RECENT_BINS))
+    memory["run"] = int(memory.get("run", 0)) + 1
+    memory["inflation"] = inflation
+    return _open(view, memory, float(healthy), now)
+
+
+def _open(view: WindowView, memory: dict[str, Any], healthy: float, now: float
+          ) -> list[Finding]:
+    """The finding while a run is long enough (held through pauses)."""
+    run = int(memory.get("run", 0))
+    if run < SUSTAIN_BINS:
+        return []
+    candidates = _candidates(view)
+    if not candidates and run < LONE_SUSTAIN_BINS:
+        return []
+    inflation = float(memory["inflation"])
+    names = ", ".join(c["node"] for c in candidates[:3])
+    pointer = (f"; the evidence points at {names} (its GPUs idle with no kernel while "
+               f"their peers wait)" if candidates else "; no node stands out")
+    summary = (f"Job steps take {inflation:.0%} longer than its own healthy level and no "
+               f"GPU is to blame{pointer}.")
+    evidence: dict[str, Any] = {"healthy_level": round(healthy, 4), "level": round(now, 4),
+                                "metric": memory["metric"], "candidates": candidates,
+                                **cost_fields(len(view.gpus), inflation, "baseline")}
+    return [Finding("slowdown", None, None, "warning", (str(memory["metric"]), "gpu_util"),
+                    inflation, summary, float(memory["since"]), evidence, fire_after=1)]
+
+
+def _candidates(view: WindowView) -> list[dict[str, Any]]:
+    """Nodes whose GPUs idle with no kernel while the job's others are kept busy
+    (by computing or by waiting in a collective), least utilised first."""
+    util = nanmedian(view.per_node("gpu_util", last=RECENT_BINS), axis=1)  # nodes × bins
+    node_util = np.array([statistics.median(r) if (r := [v for v in row if v == v])
+                          else math.nan for row in util.tolist()])
+    if np.isnan(node_util).all() or len(view.nodes) < 2:
+        return []
+    job_util = float(nanmedian(node_util, axis=0))
+    out = [{"node": node, "gpu_util": round(float(u), 4), "job_gpu_util": round(job_util, 4),
+            "why": f"GPUs busy {fmt(float(u), 'ratio')} of the time vs the job's "
+                   f"{fmt(job_util, 'ratio')}: waiting for input"}
+           for node, u in zip(view.nodes, node_util.tolist(), strict=True)
+           if u == u and u < job_util - IDLE_MARGIN]
+    return sorted(out, key=lambda c: c["gpu_util"])
