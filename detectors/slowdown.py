@@ -8,8 +8,9 @@ yet every step is longer. The cost estimate's counters still see it (see
 ``detectors/cost.py``): a healthy GPU's tensor duty cycle falls by ``T0 / T`` when
 the step stretches from ``T0`` to ``T``.
 
-**How a slowdown is told from normal variation.** The job's level (the median
-node's median duty cycle over the last ``RECENT_BINS``) is compared with its own
+**How a slowdown is told from normal variation.** The job's level (the mean over
+the last ``RECENT_BINS`` of the median node's median duty cycle: a minute, so a
+reading that beats with a long step averages out) is compared with its own
 healthy level: the upper quartile of its levels over the last ten minutes
 (``HISTORY_BINS``), frozen while an inflation is open so a slow level never
 becomes the norm (for up to ``MAX_RUN_BINS``: a job that changed its batch size
@@ -45,9 +46,9 @@ from detectors.window import WindowView
 GPU_READS = ("tensor_active", "sm_active", "gpu_util")
 NIC_READS: tuple[str, ...] = ()
 MIN_INFLATION = 0.10  # steps this much longer than healthy
-SUSTAIN_BINS = 6  # for this many bins in a row (30 s at 5 s bins) with a suspect node
+SUSTAIN_BINS = 4  # for this many bins in a row (20 s at 5 s bins) with a suspect node
 LONE_SUSTAIN_BINS = 24  # ... or this many (2 min) with none: longer than a pause lasts
-RECENT_BINS = 3  # the current level is the median of these
+RECENT_BINS = 12  # the current level is the mean of these (1 min: a long step or two)
 HISTORY_BINS = 120  # the job's levels kept (10 min at 5 s bins) ...
 HEALTHY_QUANTILE = 0.75  # ... whose upper quartile is its healthy level ...
 MIN_HISTORY_BINS = 12  # ... once it has this many
@@ -62,15 +63,21 @@ def find_slowdown(view: WindowView, others: list[Finding],
     """The job-level slowdown finding for the view's latest bin, if any. ``others``:
     the job's other findings this bin; ``memory``: the job's recent levels, the
     baseline of an open run and its length (persisted with the engine)."""
-    if not view.gpus or len(view.bins) < RECENT_BINS:
+    if not view.gpus:
         return []
     metric = memory.get("metric") or duty_metric(view.gpu)
     memory["metric"] = metric
-    per_node = nanmedian(view.per_node(metric, last=RECENT_BINS), axis=1)  # nodes × bins
-    levels = [v for v in nanmedian(per_node, axis=0).tolist() if v == v]
-    if not levels:
+    per_node = nanmedian(view.per_node(metric, last=1), axis=1)  # nodes × 1
+    level = float(nanmedian(per_node[:, 0], axis=0)) if not np.isnan(per_node).all() else None
+    recent: list[float] = memory.setdefault("recent", [])
+    history_now: list[float] = memory.get("history", [])
+    reference = memory.get("baseline") or (max(history_now) if history_now else None)
+    if level is not None and (reference is None or level >= PHASE_FLOOR * reference):
+        recent.append(round(level, 5))  # a pause (below the floor) is left out
+        del recent[:-RECENT_BINS]
+    if len(recent) < RECENT_BINS // 2:
         return []
-    now = statistics.median(levels)
+    now = statistics.fmean(recent)
     history: list[float] = memory.setdefault("history", [])
     healthy = memory.get("baseline")
     if healthy is None:
@@ -78,8 +85,6 @@ def find_slowdown(view: WindowView, others: list[Finding],
             healthy = None
         else:
             healthy = float(np.quantile(history, HEALTHY_QUANTILE))
-    if healthy is not None and now < PHASE_FLOOR * healthy:  # a pause: held, not evidence
-        return _open(view, memory, healthy, now)
     explained = any(f.kind in EXPLAINING or (f.kind == "gpu_health" and f.metrics ==
                                               ("throttle",)) for f in others)
     inflation = healthy / now - 1.0 if healthy is not None and now > 0 else 0.0
@@ -89,8 +94,9 @@ def find_slowdown(view: WindowView, others: list[Finding],
         history.append(round(now, 5))
         del history[:-HISTORY_BINS]
         return []
+    assert healthy is not None  # an inflation needs a healthy level
     memory["baseline"] = healthy
-    memory.setdefault("since", view.bin_start(RECENT_BINS - 1, RECENT_BINS))
+    memory.setdefault("since", view.bin_start(0, 1))
     memory["run"] = int(memory.get("run", 0)) + 1
     memory["inflation"] = inflation
     return _open(view, memory, float(healthy), now)

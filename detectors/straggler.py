@@ -23,8 +23,9 @@ the peers' median:
   else ``dram_active × mem_clock`` where the job does little tensor work);
 - the *slowness* ``s = min(e, x)``, where ``e`` is the stream's busy time per unit
   of work, ``log(busy / work)``, over its peers' median of the same: busy time not
-  explained by work, and only while the stream is busier than its peers. A GPU level with its peers, or below
-  them, adds no evidence, whatever its power or DRAM readings.
+  explained by work, and only while the stream is busier than its peers. A GPU
+  level with its peers, or below them, adds no evidence, whatever its power or
+  DRAM readings.
 - the *load* ``ℓ = min(x, y)``: busier *and* doing more: workload, reported as
   ``load_imbalance`` (info, never a fault).
 
@@ -69,10 +70,18 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from detectors.cost import cost_fields, excess_slowdown
 from detectors.findings import Finding, fmt
-from detectors.peer_streams import Comparison, Departure, MetricSpec, PeerLevel, StreamTable, advance
+from detectors.peer_streams import (
+    Comparison,
+    Departure,
+    MetricSpec,
+    PeerLevel,
+    StreamTable,
+    advance,
+)
 from detectors.robust import Array, nanmedian
 from detectors.sequential import Cusum
 from detectors.window import WindowView
@@ -141,7 +150,7 @@ class _Readings:
     clock: Array
     peer_clock: Array
     stats: Array  # STATS × streams
-    valid: Array  # STATS × streams
+    valid: NDArray[np.bool_]  # STATS × streams
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
@@ -295,7 +304,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None) -> tuple[_Readin
 
 def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_work: Array,
               clock: Array, peer_clock: Array, per_work: Array, basis: str | None,
-              enough: Array) -> _Readings:
+              enough: NDArray[np.bool_]) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log)."""
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -289,7 +289,7 @@ class Simulator:
             st.phases = GpuPhases(idle[key[0]], compute[key], barrier, comm)
         self._steps[job.name] = self._steps.get(job.name, 0.0) + self.tick / step
         origin = self._step_origin(job.name, t, step)
-        for n, node in enumerate(job.nodes):
+        for node in job.nodes:
             if any(f.kind == "node_silent" and f.node == node for f in faults):
                 continue
             if node in gone:  # left the job: idle, reporting under no job

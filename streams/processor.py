@@ -128,10 +128,13 @@ class BatchProcessor:
         engine = self.engine_for(job)
         late_before, step_before = engine.late, engine.next_bin
         found: list[Detection] = []
-        for sample in sorted(samples, key=lambda s: s["ts"]):
+        # in arrival order, each sample followed by the steps it closes, exactly as
+        # ``vigil replay`` does: what the engine decides must not depend on where a
+        # batch happened to end (a restarted worker's batches end elsewhere)
+        for sample in samples:
             found.extend(engine.ingest(sample))
+            found.extend(engine.advance())
         self.metrics.late.inc(engine.late - late_before)
-        found.extend(engine.advance())
         for det in found:
             self.metrics.detections.labels(det["kind"], det["state"]).inc()
             if newest_append:

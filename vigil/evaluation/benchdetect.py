@@ -32,6 +32,9 @@ def matches(det: Mapping[str, Any], label: dict[str, Any]) -> bool:
         return False
     if label["kind"] in JOB_LEVEL_FAULTS:
         return True
+    if det["kind"] == "slowdown":  # job-level: right when it names the node first
+        candidates = det.get("evidence", {}).get("candidates") or [{}]
+        return bool(candidates[0].get("node") == label["node"])
     if det["node"] != label["node"]:
         return False
     return label["kind"] in NODE_LEVEL_FAULTS or det["gpu"] in (label["gpu"], None)
@@ -47,12 +50,15 @@ class Tally:
     fired: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     correct: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     healthy_false_alarms: int = 0
+    workload: int = 0  # load_imbalance detections (firing and resolved), apart
     misses: list[str] = field(default_factory=list)
     false_alarms: list[str] = field(default_factory=list)
 
     def score(self, scenario: Scenario, dets: Sequence[Mapping[str, Any]]) -> None:
         labels = scenario.cluster.labels()
-        firing = [d for d in dets if d["state"] == "firing"]
+        # load imbalance reports workload, not a fault: it counts neither way
+        firing = [d for d in dets if d["state"] == "firing" and d["kind"] != "load_imbalance"]
+        self.workload += len(dets) - len([d for d in dets if d["kind"] != "load_imbalance"])
         for det in firing:
             self.fired[det["kind"]] += 1
             if any(matches(det, lab) for lab in labels):
