@@ -30,15 +30,17 @@ def _run(args: tuple[int, float, int]) -> dict[str, Any]:
     index, seconds, seed = args
     job = fleet_job(index, START, seconds, seed)
     runner = ReplayRunner(DetectConfig())
-    alarms, samples = [], 0
+    alarms, samples, load = [], 0, 0
     for sample in Simulator(job.cluster, START, seed=seed * 100_000 + index).samples(seconds):
         samples += 1
         for det in runner.feed(sample):
-            if det["state"] == "firing":
+            if det["state"] == "firing" and det["kind"] == "load_imbalance":
+                load += 1  # workload, not a fault: counted apart
+            elif det["state"] == "firing":
                 alarms.append(f"{job.name}: t+{det['detected_at'] - START:.0f}s {det['kind']} "
                               f"{det['node']} {det['gpu']} {det['summary']}")
     return {"name": job.name, "gpu_hours": job.gpu_hours, "samples": samples,
-            "alarms": alarms}
+            "alarms": alarms, "load": load, "moe": job.cluster.jobs[0].kind == "moe"}
 
 
 def main() -> int:
@@ -70,6 +72,12 @@ def main() -> int:
     print(f"\n{len(done)} healthy jobs, {gpu_days * 24:,.0f} GPU-hours ({gpu_days:,.0f} "
           f"GPU-days), {sum(r['samples'] for r in done):,} node samples, "
           f"{time.time() - began:.0f} s wall on {args.procs} processes")
+    moe = sum(r["gpu_hours"] for r in done if r["moe"]) / max(gpu_days * 24, 1e-9)
+    print(f"MoE share of the GPU-hours: {moe:.0%}; load_imbalance findings (workload, "
+          f"not alarms): {sum(r['load'] for r in done)}")
+    stragglers = kinds.get("straggler", 0)
+    print(f"stragglers: {stragglers}; {1000 * stragglers / gpu_days:.2f} per 1,000 GPU-days, "
+          f"95 % upper bound {1000 * poisson_upper(stragglers) / gpu_days:.2f}")
     print(f"false alarms: {len(alarms)} {dict(kinds)}; "
           f"{1000 * len(alarms) / gpu_days:.2f} per 1,000 GPU-days, "
           f"95 % upper bound {1000 * upper / gpu_days:.2f}")

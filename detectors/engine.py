@@ -147,7 +147,8 @@ class JobEngine:
         health, silent = self.health.evaluate(now)
         hung = find_hang(view, self.hang_params)
         found = [*health, *silent, *hung, *find_link_faults(view, self.link_params),
-                 *find_network_bound(view, self.network_params)]
+                 *find_network_bound(view, self.network_params, bool(
+                     self.tracker.conditions.get("network_bound||", {}).get("firing")))]
         if not hung:  # a hung job's GPUs are idle together: no one is out of step
             found.extend(find_stragglers(view, self.stragglers, self.peer_memory))
         found.extend(slowdown.find_slowdown(view, found, self.slowdown_memory))

@@ -171,7 +171,7 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
                  text=f"{nic} runs at {value:.0f} Gb/s vs peers' {peer:.0f} Gb/s")
         if erring[i]:
             _add(causes, (node, None), metric="ib_errors", nic=nic, value=float(rise[i]),
-                 score=float(rise[i]), first=0,
+                 score=float(rise[i]), first=_rise_began(errors[i]),
                  text=f"{nic} error counters rose by {rise[i]:.0f} in "
                       f"{p.of_bins * view.bin_seconds:.0f}s")
         if waiting[i]:
@@ -180,3 +180,11 @@ def _infiniband(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str
             _add(causes, (node, None), metric="ib_xmit_wait", nic=nic, value=value,
                  peer_median=peer, score=float(waits.score[i]), first=int(waits.first[i]),
                  text=f"{nic} transmit back-pressure {fmt(value)} ticks/s vs peers' {fmt(peer)}")
+
+
+def _rise_began(counts: Array) -> int:
+    """The first bin of the window whose count is above the window's lowest: when
+    the errors began (dating it from the window's start put a cost estimate's bins
+    before the fault)."""
+    with np.errstate(invalid="ignore"):
+        return int(np.argmax(counts > np.nanmin(counts)))

@@ -20,6 +20,7 @@ from detectors.window import WindowView
 BITS_PER_BYTE = 8.0
 GPU_READS = ("sm_active", "tensor_active")
 NIC_READS = ("ib_tx", "ib_rx", "ib_rate")
+HYSTERESIS = 0.1  # an open condition holds on thresholds this share looser
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,16 @@ class NetworkParams:
     of_bins: int = 6
 
 
-def find_network_bound(view: WindowView, p: NetworkParams) -> list[Finding]:
-    """One job-level finding while the job is network-bound."""
+def find_network_bound(view: WindowView, p: NetworkParams, open_now: bool = False
+                       ) -> list[Finding]:
+    """One job-level finding while the job is network-bound. ``open_now``: the
+    condition is already open, and holds on thresholds ``HYSTERESIS`` looser, so a
+    job that sits at a threshold does not fire and resolve over and over."""
     if len(view.bins) < p.of_bins or not view.nics or not view.gpus:
         return []
+    if open_now:
+        p = NetworkParams(p.link_share * (1 - HYSTERESIS), p.max_sm_active * (1 + HYSTERESIS),
+                          p.max_tensor_active * (1 + HYSTERESIS), p.need_bins, p.of_bins)
     recent = slice(-p.of_bins, None)  # each bin is judged on its own: only these count
     rate = view.nic("ib_rate")[:, recent] * 1e9 / BITS_PER_BYTE
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -27,7 +27,11 @@ the peers' median:
   level with its peers, or below them, adds no evidence, whatever its power or
   DRAM readings.
 - the *load* ``ℓ = min(x, y)``: busier *and* doing more: workload, reported as
-  ``load_imbalance`` (info, never a fault).
+  ``load_imbalance`` (info, never a fault);
+- the *clock deficit* ``min(log(peer clock / clock), x)``: a lower SM clock, again
+  only while busier. The clock is read apart from the activity counters (no shared
+  window noise), so it is a second, independent witness of a throttled GPU, and
+  lets one be found in two bins.
 
 **Why this holds under real counters.** A reading is the average over the agent's
 window of a GPU that switches, within each step, between computing, waiting in a
@@ -102,8 +106,11 @@ MIN_BUSY = 0.05  # peers busier than this are compared (below: idle or a pause)
 # one floor is never one noise unit (window phase and rounding make that much).
 SLOWNESS_FLOOR = 0.025
 LOAD_FLOOR = 0.05
-STATS = ("slowness", "load")
-SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR]), np.array([1.0, 1.0]),
+CLOCK_FLOOR = 0.02
+STATS = ("slowness", "load", "clock")
+SLOW_STATS = frozenset({"slowness", "clock"})  # either passing makes a straggler
+SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR]),
+                  np.array([1.0, 1.0, 1.0]),
                   -1, min_metrics=1, offset_floor=0.0)
 MIN_GPU_PEERS = 4
 MIN_NODE_PEERS = 3
@@ -288,18 +295,24 @@ def _levels(view: WindowView, latest: Array, basis: str | None) -> tuple[_Readin
     peers = (~np.isnan(busy)).sum(axis=1)
     node_idx, slot_idx = view.positions()
     at = (node_idx, slot_idx)
+    with np.errstate(invalid="ignore"):  # inf - inf where a GPU read no work: NaN
+        own_per_work = per_work[at] - node_per_work[node_idx]
     gpu = _readings(view.gpu_keys, busy[at], node_busy[node_idx], work[at],
-                    node_work[node_idx], clock[at], node_clock[node_idx],
-                    per_work[at] - node_per_work[node_idx], basis,
-                    peers[node_idx] >= MIN_GPU_PEERS)
+                    node_work[node_idx], clock[at], node_clock[node_idx], own_per_work,
+                    basis, peers[node_idx] >= MIN_GPU_PEERS)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work)]
     n = len(view.nodes)
     node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
                      np.full(n, job[1]), node_clock, np.full(n, job[2]),
-                     node_per_work - job[3], basis,
+                     _minus(node_per_work, job[3]), basis,
                      np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS))
     return gpu, node
+
+
+def _minus(values: Array, reference: float) -> Array:
+    with np.errstate(invalid="ignore"):
+        return values - reference
 
 
 def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_work: Array,
@@ -310,13 +323,14 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.log(busy / peer_busy)
         y = np.log(work / peer_work)
+        lower_clock = np.fmin(np.log(peer_clock / clock), x)
     compared = enough & (peer_busy >= MIN_BUSY) & (busy > 0)
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)
     else:
         slowness, load = np.fmin(per_work, x), np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
-    stats = np.stack([slowness, load])
+    stats = np.stack([slowness, load, lower_clock])
     valid = compared[None, :] & ~np.isnan(stats)
     return _Readings(keys, busy, peer_busy, work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid)
@@ -335,7 +349,7 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
     busy, peer_busy = float(r.busy[i]), float(r.peer_busy[i])
     work_ratio = float(r.work[i] / r.peer_work[i]) if basis is not None else math.nan
     clock, peer_clock = float(r.clock[i]), float(r.peer_clock[i])
-    slow = [d for d in devs if d.metric == "slowness"]
+    slow = [d for d in devs if d.metric in SLOW_STATS]
     dev = slow[0] if slow else devs[0]
     who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"
     peers = "the other GPUs of its node" if gpu is not None else "the job's other nodes"

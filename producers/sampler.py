@@ -14,7 +14,9 @@ the median of the last ``NOISE_WINDOW`` reading-to-reading changes. This trigger
 ours, not Moneo's (Moneo waits for the period's end); without the noise test a noisy
 series, such as PCIe traffic or a pipe that is nearly idle, would fire it on every
 third reading and never back off. Moneo's own criteria (peak change, density) are
-unchanged. Health signals (catalog ``health``: XID, ECC, link width and rate,
+unchanged. A GPU's activity counters, clocks and cycle rates (``TOGETHER``) share one
+schedule, so each published value of them covers the same span (ours too). Health
+signals (catalog ``health``: XID, ECC, link width and rate,
 throttle reasons) are published the moment they change, and a non-zero XID, which
 is one event rather than a state, every time it is read.
 
@@ -33,6 +35,13 @@ from dataclasses import dataclass, field
 from contracts.catalog import CATALOG, Kind, Metric, Scope
 from contracts.messages import Sample
 
+# A GPU's activity counters, clocks and cycle rates describe one window together: a
+# detector divides one by another (work per busy second, DESIGN.md principle 12), which
+# means something only over the same span. They share one schedule (ours, not Moneo's).
+TOGETHER = frozenset({"sm_active", "sm_occupancy", "tensor_active", "fp16_active",
+                      "fp32_active", "fp64_active", "dram_active", "gpu_util",
+                      "gr_engine_active", "sm_clock", "mem_clock", "sm_cycles_elapsed",
+                      "sm_cycles_active", "mma_cycles_active"})
 # A change smaller than this (per unit) is noise, whatever the peak.
 NOISE_FLOOR = {"ratio": 0.01, "W": 5.0, "°C": 1.0, "MHz": 15.0, "bytes": float(1 << 20),
                "bytes/s": 1e6, "Gb/s": 1.0, "ticks/s": 100.0}
@@ -87,6 +96,7 @@ class AdaptiveSampler:
         self.cfg = cfg
         self._rng = rng or random.Random(0)
         self._series: dict[tuple[Scope, str, str], _Series] = {}
+        self._groups: dict[tuple[Scope, str], _Series] = {}  # the schedule of TOGETHER
         self.read = 0
         self.published = 0
 
@@ -128,11 +138,51 @@ class AdaptiveSampler:
     def _keep(self, scope: Scope, device: str, metrics: dict[str, float],
               now: float) -> dict[str, float]:
         kept = {}
+        together = {n: v for n, v in metrics.items() if scope is Scope.GPU and n in TOGETHER}
         for name, value in metrics.items():
+            if name in together:
+                continue
             published = self.offer(scope, device, name, value, now)
             if published is not None:
                 kept[name] = published
+        if together:
+            kept.update(self._offer_together(scope, device, together, now))
         return kept
+
+    def _offer_together(self, scope: Scope, device: str, values: dict[str, float],
+                        now: float) -> dict[str, float]:
+        """Readings of ``TOGETHER`` on one schedule: when any of them departs, or the
+        group is due, all are published, each the mean over the same span. Each is
+        judged by its own criteria; the group backs off only while all are stable."""
+        members = []
+        departs = False
+        for name, value in values.items():
+            metric = _BY_KEY[(scope, name)]
+            self.read += 1
+            s = self._series.get((scope, device, name))
+            if s is None:
+                s = self._series[(scope, device, name)] = _Series(self.cfg.base_interval, now)
+            departs |= s.last_published is not None and self._departs(metric, s, value)
+            if s.previous is not None:
+                s.changes.append(abs(value - s.previous))
+            s.previous = value
+            s.readings.append(value)
+            members.append((name, metric, s, value))
+        group = self._groups.get((scope, device))
+        if group is None:
+            group = self._groups[(scope, device)] = _Series(self.cfg.base_interval, now)
+        if not departs and now + 1e-9 < group.due:
+            return {}
+        if departs:
+            for _, _, s, value in members:
+                s.readings = [value]  # the held readings were stable: the step matters
+        reset = departs or any(self._unstable(m, s) for _, m, s, _ in members)
+        out = {name: self._publish(s, metric, now, reset) for name, metric, s, _ in members}
+        group.interval = members[0][2].interval  # one schedule: the first member's
+        group.due = now + group.interval
+        for _, _, s, _ in members:
+            s.interval, s.due = group.interval, group.due
+        return out
 
     def _health(self, s: _Series, value: float, now: float, event: bool) -> float | None:
         """A health state is published when it changes; an ``event`` (a non-zero XID:

@@ -24,9 +24,9 @@ def test_physics_classes_at_four_nodes() -> None:
         assert not wrong, wrong
         assert sum(vigil.found.values()) == sum(vigil.labels.values()), (cls, vigil.misses)
         delays[cls] = [d for v in vigil.delays.values() for d in v]
-    large = [d for c in ("quiet_25", "slow_40", "moe_throttled", "quiet_25_long_steps")
-             for d in delays[c]]
-    assert statistics.median(large) <= 10 and max(large) <= 30, delays
+    large = [d for c in ("quiet_25", "slow_40", "moe_throttled") for d in delays[c]]
+    assert statistics.median(large) <= 10 and max(large) <= 15, delays
+    assert max(delays["quiet_25_long_steps"]) <= 60, delays  # 10 s steps, 5 s bins
     assert max(delays["quiet_12"]) <= 180 and max(delays["moe_stall_15"]) <= 180, delays
     assert max(delays["slow_host"]) <= 60, delays  # as the job's slowdown, naming the node
     assert max(delays["quiet_5"]) <= 900, delays

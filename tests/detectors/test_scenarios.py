@@ -29,7 +29,10 @@ def test_scenario_subset_meets_the_targets_on_what_adaptive_agents_publish() -> 
     scenarios = suite(sizes=(4,), seeds=(3,))
     vigil, _, cost = run_suite(scenarios, DetectConfig(), SamplingConfig())
     table = vigil.table()
-    assert cost["values_read"] >= 4 * cost["values_published"]  # the thinning is real
+    # the thinning is real: 2.5x and more, where it was 4x before issue #28 (readings
+    # now beat with the step, as real counters do, and a GPU's activity counters are
+    # published together whenever one of them must be: a ratio of two needs one span)
+    assert cost["values_read"] >= 2.5 * cost["values_published"]
     assert vigil.healthy_false_alarms == 0, vigil.false_alarms
     assert table["overall"]["f1"] is not None and table["overall"]["f1"] >= 0.95, vigil.misses
     for kind, row in table.items():

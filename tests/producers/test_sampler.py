@@ -115,3 +115,22 @@ def test_the_same_xid_code_twice_in_a_row_is_published_twice() -> None:
              enumerate([16.0, 8.0, 8.0])]
     assert gauge == [16.0, 8.0, 8.0] and sampler.offer(Scope.GPU, "0", "pcie_width", 8.0,
                                                         3.5) is None
+
+
+def test_a_gpus_activity_counters_are_published_together_over_one_span() -> None:
+    """Work per busy second is a ratio of two counters: both must cover one span."""
+    from producers.sampler import TOGETHER, AdaptiveSampler, SamplingConfig
+
+    sampler = AdaptiveSampler(SamplingConfig())
+    spans = []
+    for t in range(200):
+        beat = 0.6 + 0.3 * ((t * 7) % 5 == 0)  # sm_active jumps now and then
+        sample = {"schema": "vigil.sample/1", "ts": float(t), "job": "j", "node": "n",
+                  "gpus": {"0": {"sm_active": beat, "tensor_active": 0.2, "sm_clock": 1980.0,
+                                 "power": 500.0}}, "host": {}, "nics": {}}
+        kept = sampler.thin(sample, float(t))["gpus"]["0"]
+        published = {m for m in kept if m in TOGETHER}
+        if published:
+            spans.append(published)
+    assert spans and all(p == {"sm_active", "tensor_active", "sm_clock"} for p in spans)
+    assert len(spans) < 200  # still thinned

@@ -1,7 +1,9 @@
 """A healthy fleet for the false-alarm soak (issue #14): jobs of every kind and size
 that nobody faults, with the life a real fleet has (warm-up, checkpoints,
-evaluations, MoE load that moves, static GPU differences, a lossy node, skewed and
-drifting clocks). Every detection that fires on it is a false alarm.
+evaluations, steps of 0.3 s to 30 s, MoE load that moves, wanders, jumps when
+experts are re-placed or stays hot for good, static GPU differences, a lossy node,
+skewed and drifting clocks). Every detection that fires on it is a false alarm,
+except ``load_imbalance``: that reports workload, and is counted apart.
 
 The rate is reported per 1,000 GPU-days with its one-sided 95 % Poisson upper bound:
 zero alarms in E GPU-days bounds the rate below ``3.0 / E`` (``-ln 0.05``).
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 from simulator.cluster import Cluster, Event, JobSpec
 
 SIZES = (2, 4, 8, 16, 32, 64)
-KINDS = ("data_parallel", "pipeline", "moe_classic", "moe_rotating", "moe_dwell")
+KINDS = ("data_parallel", "pipeline", "moe_classic", "moe_rotating", "moe_dwell",
+         "moe_persistent")
+STEP_SECONDS = (0.3, 1.0, 1.0, 3.0, 10.0, 30.0)  # compute + communication of one step
 
 
 @dataclass(frozen=True)
@@ -54,10 +58,19 @@ def fleet_job(index: int, start: float, seconds: float, seed: int) -> FleetJob:
     kind = KINDS[index % len(KINDS)]
     nodes = rng.choice(SIZES)
     name = f"fleet-{seed}-{index:04d}-{kind}-{nodes}n"
-    spec: dict[str, object] = {"heterogeneity": rng.choice((0.0, 0.01, 0.03))}
+    step = rng.choice(STEP_SECONDS)
+    spec: dict[str, object] = {"heterogeneity": rng.choice((0.0, 0.01, 0.03)),
+                               "compute_seconds": 0.8 * step, "comm_seconds": 0.2 * step}
     if kind.startswith("moe"):
-        spec["comm_seconds"] = rng.choice((0.2, 0.8))  # compute- or network-bound
-        if kind == "moe_rotating":
+        # compute- or network-bound
+        spec["comm_seconds"] = rng.choice((0.2, 0.8)) * step
+        if kind == "moe_persistent":
+            spec.update(moe_walk_sigma=rng.uniform(0.05, 0.15),
+                        moe_walk_steps=rng.uniform(200, 2000),
+                        moe_replace_steps=rng.uniform(1000, 3000),
+                        moe_fixed_hot=rng.choice((0, 1, 2)),
+                        moe_amplitude=rng.uniform(0.2, 0.5))
+        elif kind == "moe_rotating":
             spec["moe_rotation_seconds"] = rng.uniform(60, 180)
         elif kind == "moe_dwell":
             spec["moe_dwell_seconds"] = rng.uniform(60, 180)
