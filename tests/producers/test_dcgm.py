@@ -140,8 +140,15 @@ def test_unreachable_and_unparsable_scrapes_are_counted_and_logged_once(
         assert source.read(1.0).gpus == {} and source.read(2.0).gpus == {}
     assert source.errors["unreachable"] == 2
     assert len([r for r in caplog.records if "unreachable" in r.message]) == 1
-    broken = _source(["DCGM_FI_DEV_GPU_TEMP{gpu=\"0\" 51\n"])
-    assert broken.read(1.0).gpus == {} and broken.errors["unparsable"] == 1
+    # one broken line costs that line: the page's other GPU is read, the skip counted
+    broken = _source(['DCGM_FI_DEV_GPU_TEMP{gpu="0" 51\nDCGM_FI_DEV_GPU_TEMP{gpu="1"} 52\n'] * 2)
+    with caplog.at_level(logging.WARNING, logger="producers.dcgm"):
+        assert broken.read(1.0).gpus == {"1": {"temperature": 52.0, "xid": 0.0}}
+        broken.read(2.0)
+    assert broken.skipped == {("DCGM_FI_DEV_GPU_TEMP", "unparsable"): 2}
+    assert len([r for r in caplog.records if "skipped" in r.message]) == 1  # once per field
+    binary = _source(["\x00\x01garbage"])  # not text at all: the only failed scrape
+    assert binary.read(1.0).gpus == {} and binary.errors["unparsable"] == 1
 
 
 def test_missing_profiling_fields_warn_once_naming_them_and_the_fix(
