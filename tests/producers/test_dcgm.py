@@ -226,3 +226,21 @@ def test_a_stale_double_bit_ecc_count_is_a_baseline_and_a_rise_fires() -> None:
     _, detections = _run([V33] * 20 + [rose] * 3)
     fired = _health(detections)
     assert fired and fired[0]["detected_at"] == T0 + 20 and fired[0]["severity"] == "critical"
+
+
+def test_energy_counter_gives_the_mean_power_between_its_changes() -> None:
+    def page(mj: int, hw_slowdown: int) -> str:
+        labels = 'gpu="0",UUID="GPU-x",device="nvidia0"'
+        return (f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} 100.0\n"
+                f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{labels}}} {mj}\n"
+                f'DCGM_EXP_CLOCK_EVENTS_COUNT{{{labels},clock_event="hw_slowdown"}} '
+                f"{hw_slowdown}\n")
+
+    # the exporter refreshes every 2 s; the agent reads every second
+    pages = [page(1_000_000, 0), page(1_000_000, 0), page(1_500_000, 0), page(1_500_000, 0),
+             page(2_700_000, 0), page(2_700_000, 1)]
+    source = _source(pages)
+    power = [source.read(float(t)).gpus["0"] for t in range(len(pages))]
+    # first change opens a span; the second closes it: 1.2 kJ over 2 s = 600 W
+    assert [p["power"] for p in power] == [100.0, 100.0, 100.0, 100.0, 600.0, 600.0]
+    assert [int(p.get("throttle", 0)) for p in power] == [0, 0, 0, 0, 0, 0x8]
