@@ -244,3 +244,19 @@ def test_energy_counter_gives_the_mean_power_between_its_changes() -> None:
     # first change opens a span; the second closes it: 1.2 kJ over 2 s = 600 W
     assert [p["power"] for p in power] == [100.0, 100.0, 100.0, 100.0, 600.0, 600.0]
     assert [int(p.get("throttle", 0)) for p in power] == [0, 0, 0, 0, 0, 0x8]
+
+
+@pytest.mark.parametrize(("field", "severity"), [("DCGM_FI_DEV_ROW_REMAP_FAILURE", "critical"),
+                                                 ("DCGM_FI_DEV_ROW_REMAP_PENDING", "warning")])
+def test_a_row_remap_seen_while_watching_fires_and_one_from_before_does_not(
+        field: str, severity: str) -> None:
+    def page(flag: int) -> str:
+        return V33 + f'{field}{{gpu="1",UUID="GPU-1b2c",device="nvidia1"}} {flag}\n'
+
+    _, before = _run([page(1)] * 20)  # already set when the agent started: history
+    assert not _health(before)
+    _, detections = _run([page(0)] * 20 + [page(1)] * 3)
+    fired = _health(detections)
+    assert [(d["gpu"], d["severity"], d["detected_at"]) for d in fired] == [
+        ("1", severity, T0 + 20)]
+    assert ("replace" in fired[0]["summary"]) == (severity == "critical")
