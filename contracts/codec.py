@@ -3,6 +3,15 @@
 The validator is hand-written on the standard library (fast, and importable by
 the light node agent); ``contracts/schemas/*.json`` say the same thing in JSON
 Schema for outside consumers, and a test checks the two agree.
+
+**One bad value costs one value** (DESIGN principle 14). A reading that is not a
+number, not finite or outside its metric's range is a fault of that reading, not of
+the node's sample: ``drop_bad_readings`` takes it out and says what it took, and the
+lenient decoders (``decode_sample(raw, dropped=[...])``, the worker's and replay's)
+accept the rest. What stays fatal to a whole message is what makes it unreadable or
+untrusted as a whole: broken JSON, a wrong schema or field, a bad time or identifier,
+an unknown metric name (it keeps user data off the wire). ``encode_sample`` stays
+strict: the agent drops its bad readings before it publishes, so nothing bad is sent.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ import json
 import math
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
 from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
@@ -37,15 +46,30 @@ _MAX_FLOAT_INT = 2 ** 1023  # larger integers do not fit a float (JSON allows th
 _NUMERIC = {float, int}  # exact types: bool (a subclass of int) is refused
 
 
+class DroppedReading(NamedTuple):
+    """One reading taken out of a sample: where (``gpus.0``, ``host``, ``nics.mlx5_0``),
+    which metric, the contract's reason code (``out_of_range``, ``non_finite``,
+    ``wrong_type``) and the detail."""
+
+    device: str
+    metric: str
+    reason: str
+    detail: str
+
+
 def _reject_constant(token: str) -> float:
     raise ContractError("non_finite", f"JSON constant {token} is not a number")
 
 
-def parse_json(raw: bytes | str) -> Any:
-    """Parse one message; NaN/Infinity, oversize and broken JSON raise ContractError."""
+def parse_json(raw: bytes | str, *, constants: bool = False) -> Any:
+    """Parse one message; oversize and broken JSON raise ContractError, and so do
+    NaN/Infinity unless ``constants`` (then they parse as floats, for a lenient
+    decoder to drop as readings or refuse where they are not one)."""
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ContractError("too_large", f"{len(raw)} bytes > {MAX_MESSAGE_BYTES}")
     try:
+        if constants:
+            return json.loads(raw)
         return json.loads(raw, parse_constant=_reject_constant)
     except ContractError:
         raise
@@ -112,10 +136,59 @@ def _metrics_slow(value: Any, path: str, catalog: dict[str, Metric]) -> None:
         metric = catalog.get(name)
         if metric is None:
             raise ContractError("unknown_metric", f"{path}.{name} is not in the catalog")
-        number = _number(reading, f"{path}.{name}")
-        if number < 0 or number > metric.high + (_RATIO_SLACK if metric.unit == "ratio" else 0):
-            raise ContractError("out_of_range",
-                                f"{path}.{name}={number} outside 0..{metric.high:g} {metric.unit}")
+        bad = _bad_reading(reading, metric, f"{path}.{name}")
+        if bad is not None:
+            raise bad
+
+
+def _bad_reading(reading: Any, metric: Metric, path: str) -> ContractError | None:
+    """Why the contract refuses this one reading of a known metric, or None."""
+    try:
+        number = _number(reading, path)
+    except ContractError as exc:
+        return exc
+    ceiling = metric.high + (_RATIO_SLACK if metric.unit == "ratio" else 0)
+    if number < 0 or number > ceiling:
+        return ContractError("out_of_range",
+                             f"{path}={number} outside 0..{metric.high:g} {metric.unit}")
+    return None
+
+
+def _drop_from(readings: Any, path: str, catalog: dict[str, Metric],
+               ceilings: dict[str, float], out: list[DroppedReading]) -> None:
+    if type(readings) is not dict:
+        return  # not an object: validation refuses the message
+    values = readings.values()
+    if (readings.keys() <= ceilings.keys() and set(map(type, values)) <= _NUMERIC
+            and (not readings or min(values) >= 0)
+            and all(map(operator.le, values, map(ceilings.__getitem__, readings)))):
+        return  # the common case: nothing to drop, checked as C loops
+    for name in list(readings):
+        metric = catalog.get(name)
+        if metric is None:
+            continue  # an unknown name stays: validation refuses the message for it
+        bad = _bad_reading(readings[name], metric, f"{path}.{name}")
+        if bad is not None:
+            del readings[name]
+            out.append(DroppedReading(path, name, bad.reason, bad.detail))
+
+
+def drop_bad_readings(sample: Any) -> list[DroppedReading]:
+    """Take out of ``sample`` (in place) every reading the contract refuses on its own
+    (not a number, NaN or infinite, outside its metric's range) and return what was
+    taken. Anything else wrong with the sample is left for ``validate_sample``."""
+    dropped: list[DroppedReading] = []
+    if not isinstance(sample, dict):
+        return dropped
+    gpus, nics = sample.get("gpus"), sample.get("nics")
+    if isinstance(gpus, dict):
+        for index, readings in gpus.items():
+            _drop_from(readings, f"gpus.{index}", GPU_METRICS, _GPU_CEILINGS, dropped)
+    _drop_from(sample.get("host"), "host", HOST_METRICS, _HOST_CEILINGS, dropped)
+    if isinstance(nics, dict):
+        for nic, readings in nics.items():
+            _drop_from(readings, f"nics.{nic}", NIC_METRICS, _NIC_CEILINGS, dropped)
+    return dropped
 
 
 def _check_fields(message: dict[str, Any], allowed: set[str], required: set[str]) -> None:
@@ -200,9 +273,17 @@ def _check_cost(evidence: dict[str, Any]) -> None:
         raise ContractError("bad_value", f"evidence.cost_basis {basis!r} not one of {COST_BASES}")
 
 
-def decode_sample(raw: bytes | str) -> Sample:
-    """Bytes from Kafka or a trace line → a validated sample dict."""
-    return validate_sample(parse_json(raw))
+def decode_sample(raw: bytes | str, dropped: list[DroppedReading] | None = None) -> Sample:
+    """Bytes from Kafka or a trace line → a validated sample dict.
+
+    Strict by default: any bad reading refuses the message. With a ``dropped`` list,
+    lenient as the worker is: bad readings (NaN and Infinity included) are taken
+    out and appended to it, and the rest of the sample is judged as usual."""
+    if dropped is None:
+        return validate_sample(parse_json(raw))
+    message = parse_json(raw, constants=True)
+    dropped.extend(drop_bad_readings(message))
+    return validate_sample(message)
 
 
 def decode_detection(raw: bytes | str) -> Detection:

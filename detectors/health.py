@@ -56,6 +56,14 @@ SLOWDOWN_BITS = 0x8 | 0x20 | 0x40 | 0x80
 FORGET_SECONDS = 3600.0
 # one C call reads a GPU's three per-sample signals (KeyError: one is missing)
 _SIGNALS = operator.itemgetter("xid", "ecc_dbe", "throttle")
+# HBM row remapping (a GPU's memory going bad): metric → (severity, what it means,
+# advice). Only a rise seen while watching is an event; the first value is a baseline.
+REMAP_EVENTS: dict[str, tuple[str, str, str]] = {
+    "row_remap_failure": ("critical", "a row remap failed", "replace"),
+    "row_remap_pending": ("warning", "a row remap is pending", "reset the GPU when idle"),
+    "remapped_rows_uncorrectable": ("warning", "rows remapped for uncorrectable errors rose",
+                                    "reset the GPU when idle"),
+}
 CADENCE_GAP_CAP = 60.0  # a longer gap (a pause, a restart) teaches a node's cadence no more
 MAX_SILENT_SECONDS = 120.0  # however lossy its path, a node this quiet is silent
 
@@ -151,6 +159,8 @@ class HealthMonitor:
                 g = gpus[key] = {"last": alive, "thr": None}
             elif alive > g["last"]:
                 g["last"] = alive
+            if not r.keys().isdisjoint(REMAP_EVENTS):  # rare: health states publish on change
+                out.extend(self._remaps(node, gpu, g, r, ts))
             try:  # the usual reading: no XID, no throttling, the ECC count it had
                 xid, dbe, throttle = _SIGNALS(r)
             except KeyError:
@@ -186,6 +196,24 @@ class HealthMonitor:
                 elif g["thr"] is not None:  # it ended (a GPU never slowed writes nothing)
                     g["thr"] = None
                     g["thr_bits"] = 0
+        return out
+
+    def _remaps(self, node: str, gpu: str, g: dict[str, Any], r: dict[str, float],
+                ts: float) -> list[Finding]:
+        """Row-remap findings: a rise over the GPU's first value (its baseline)."""
+        out = []
+        base = g.setdefault("remap", {})
+        for metric, (severity, meaning, advice) in REMAP_EVENTS.items():
+            value = r.get(metric)
+            if value is None:
+                continue
+            if value > base.get(metric, value):
+                action = "replace" if advice == "replace" else "reset"
+                text = ACTION_ADVICE["replace"] if advice == "replace" else advice
+                g["event"] = {"ts": ts, "metric": metric, "severity": severity,
+                              "text": f"{meaning} ({value:.0f}): {text}", "action": action}
+                out.append(self._event_finding(node, gpu, g))
+            base[metric] = value
         return out
 
     def _event_finding(self, node: str, gpu: str, g: dict[str, Any]) -> Finding:

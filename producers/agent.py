@@ -5,6 +5,12 @@ the publisher; a source that fails is counted and skipped for that tick.
 Only catalog metrics leave the node: sources produce catalog names, the sampler
 drops anything else, and the contract's encoder refuses unknown names. No process
 names, command lines or user data are read.
+
+One bad value costs one value: a reading the contract refuses on its own (outside
+its range, not finite) is taken out before the sampler sees it (so it is never
+averaged into a published mean), counted per metric and reason
+(``vigil_agent_readings_dropped_total``) and logged once per metric and reason; the
+node's other readings are published.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from contracts import SAMPLE_SCHEMA
+from contracts.codec import drop_bad_readings
 from contracts.messages import Sample
 from producers.reading import Reading, Source
 from producers.sampler import AdaptiveSampler
@@ -47,6 +54,7 @@ class Agent:
         self.wall = wall
         self.monotonic = monotonic
         self.errors: Counter[str] = Counter()
+        self.dropped: Counter[tuple[str, str]] = Counter()  # (metric, reason) → readings
         self.ticks = 0
 
     def tick(self) -> Sample:
@@ -67,6 +75,13 @@ class Agent:
             "meta": {"agent": AGENT_VERSION, **{k: v for k, v in reading.meta.items()
                                                  if k in META_KEYS}},
         }
+        for bad in drop_bad_readings(sample):
+            key = (bad.metric, bad.reason)
+            if key not in self.dropped:  # once per metric and reason, not every tick
+                log.warning("reading dropped, the rest of the sample published: %s (%s); "
+                            "counted in vigil_agent_readings_dropped_total", bad.detail,
+                            bad.reason)
+            self.dropped[key] += 1
         if self.sampler is not None:
             sample = self.sampler.thin(sample, now)
         try:

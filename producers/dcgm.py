@@ -4,8 +4,22 @@ Many clusters already run NVIDIA's dcgm-exporter, which holds the profiling
 counters pre-Hopper GPUs only expose through DCGM. What it really exports, and how
 this source reads it:
 
-- **Parsing** is prometheus_client's text parser (a maintained one), not a regex. A
-  scrape it refuses is counted and logged, and that tick has no GPU readings.
+- **Parsing** is prometheus_client's text parser (a maintained one), not a regex,
+  over the whole page; it refuses a whole page for one bad line (a value such as
+  ``ERROR - FAILED TO CONVERT TO STRING``, which exporters serve for array fields),
+  so a page it refuses is parsed again line by line with the same parser. A line
+  that still does not parse is skipped, counted per field (``skipped``) and logged
+  once per field; the rest of the page is read. Only a body that is not text (NUL
+  bytes) fails the scrape.
+- **DCGM's blank values are absent readings.** DCGM exports "no value" (blank, not
+  found, not supported, not permissioned) as sentinels: ``DCGM_INT32_BLANK``
+  0x7ffffff0 (2147483632) and up, ``DCGM_INT64_BLANK`` 0x7ffffffffffffff0 and up,
+  ``DCGM_FP64_BLANK`` 2**47 (140737488355328.0) and up (``dcgm_structs.h``'s
+  ``*_IS_BLANK`` tests are ``>=``). A field whose real values stay far below 2**31
+  (temperatures, clocks, counts, flags, MiB, W) is blank from 2147483632 up; a
+  field whose real values can pass 2**31 (energy in mJ, byte and cycle rates) from
+  2**47 up, which covers the int64 sentinels too. A blank is skipped and counted
+  (reason ``blank``), never published.
 - **The GPU** is the ``minor_number`` label where an exporter adds one, else ``gpu``
   (DCGM's GPU id), else the digits of ``device`` (``nvidia3``). ``Hostname`` /
   ``hostname``, ``UUID``, ``pci_bus_id`` and ``modelName`` vary across versions and
@@ -19,6 +33,17 @@ this source reads it:
 - **Profiling fields are often missing** (DCGM's profiling module "not loaded", or
   left out of the counters CSV). They are then absent, never zero, and one warning
   names them and the fix; it is repeated only when the set of missing fields changes.
+- **Energy gives power.** ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ since the
+  driver loaded) is a counter, so the energy between two of its changes divided by
+  the time between them is the exact mean power over that span, where
+  ``DCGM_FI_DEV_POWER_USAGE`` is one instant. Only a span between two changes the
+  agent saw counts (the first change may close a span the agent did not watch from
+  its start); between changes the last mean holds, and ``power`` is the gauge until
+  there is a mean.
+- **Clock events feed ``throttle``.** ``DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event=...}``
+  counts clock events per reason; a reason whose count rose since the previous
+  scrape sets its NVML clocks-event-reasons bit in ``throttle`` (OR-ed into the
+  ``CLOCKS_EVENT_REASONS`` gauge where that is exported too).
 - **The XID gauge is not an event.** ``DCGM_FI_DEV_XID_ERRORS`` holds the last XID the
   GPU ever had and is reset only when the exporter restarts (NVIDIA/dcgm-exporter#500,
   #190; NVIDIA/DCGM#277). ``XidWatch`` turns the XID series into events; see there.
@@ -67,7 +92,34 @@ DCGM_FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_dbe", 1.0),
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle", 1.0),
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle", 1.0),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gr_engine_active", 1.0),
+    # an instantaneous rate in MB/s, whatever the CSV calls it (dcgm-exporter 4.9.0's
+    # release notes: "NVLink throughput from MB/s to bytes per second")
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("nvlink_total", 1e6),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie_replay", 1.0),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remapped_rows_correctable", 1.0),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remapped_rows_uncorrectable", 1.0),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("row_remap_pending", 1.0),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("row_remap_failure", 1.0),
 }
+ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since the driver loaded: → power
+CLOCK_EVENTS = "DCGM_EXP_CLOCK_EVENTS_COUNT"  # per clock_event reason: → throttle bits
+# dcgm-exporter's clock_event label → NVML clocks-event-reason bit
+# (nvmlClocksEventReason*, the same bits as DCGM_CLOCKS_THROTTLE_REASON_*)
+CLOCK_EVENT_BITS = {"gpu_idle": 0x1, "clocks_setting": 0x2, "power_cap": 0x4,
+                    "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal": 0x20,
+                    "hw_thermal": 0x40, "hw_power_brake": 0x80, "display_clocks": 0x100}
+# Every field the agent reads (the counters file Vigil ships must list each one).
+READ_FIELDS = frozenset({*DCGM_FIELDS, ENERGY, CLOCK_EVENTS, "DCGM_FI_DEV_XID_ERRORS",
+                         "DCGM_EXP_XID_ERRORS_COUNT"})
+INT32_BLANK = 2147483632.0  # DCGM_INT32_BLANK; NOT_FOUND, NOT_SUPPORTED… are above it
+FP64_BLANK = 140737488355328.0  # DCGM_FP64_BLANK (2**47); the int64 sentinels are above
+# fields whose real values can pass 2**31: blank only from FP64_BLANK up
+WIDE_FIELDS = frozenset({ENERGY, "DCGM_FI_PROF_NVLINK_TX_BYTES",
+                         "DCGM_FI_PROF_NVLINK_RX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES",
+                         "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"})
+_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_PARSE_ERRORS = (ValueError, IndexError, KeyError, TypeError)
 # The profiling fields Vigil's window detectors read (straggler: SM, tensor and DRAM
 # activity; hang and links: NVLink traffic); a missing one is worth a warning. The
 # FP pipes and occupancy are read when exported, and their absence is not.
@@ -94,42 +146,91 @@ class Scrape:
     uuids: dict[str, str] = field(default_factory=dict)
     models: set[str] = field(default_factory=set)
     mig: set[str] = field(default_factory=set)
+    energy_mj: dict[str, float] = field(default_factory=dict)  # GPU → energy counter
+    clock_events: dict[tuple[str, str], float] = field(default_factory=dict)  # (GPU, reason)
+    # (field, reason) → series skipped: ``unparsable`` line, DCGM ``blank``, ``nan``
+    skipped: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+_Series = tuple[str, dict[str, str], float]  # (sample name, labels, value)
+
+
+def _samples(text: str, skipped: Counter[tuple[str, str]]) -> list[_Series]:
+    """Every sample of the page: the whole page through prometheus_client's parser,
+    and where it refuses the page, each line through it on its own (so one bad line
+    costs that line). Lines are parsed alone without their ``# TYPE``, which only
+    names the type; nothing here needs it."""
+    if "\x00" in text:
+        raise ValueError("not exposition text (NUL bytes)")
+    try:
+        return [(s.name, s.labels, s.value)
+                for family in text_string_to_metric_families(text) for s in family.samples]
+    except _PARSE_ERRORS:
+        pass
+    out: list[_Series] = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            out.extend((s.name, s.labels, s.value) for family in
+                       text_string_to_metric_families(line + "\n") for s in family.samples)
+        except _PARSE_ERRORS:
+            match = _NAME.match(line)
+            name = match.group(0) if match else ""
+            # a DCGM field names its own count; anything else (an HTML error page, a
+            # doc's "...") is "other", so garbage cannot grow the label set
+            skipped[(name if name.startswith("DCGM_") else "other", "unparsable")] += 1
+    return out
+
+
+def _blank(name: str, value: float) -> bool:
+    """Whether ``value`` is one of DCGM's blank / not-supported sentinels."""
+    return value >= (FP64_BLANK if name in WIDE_FIELDS else INT32_BLANK)
 
 
 def parse(text: str) -> Scrape:
-    """Prometheus exposition text → a ``Scrape``; ``ValueError`` if it is not valid
-    exposition text."""
+    """Prometheus exposition text → a ``Scrape``; a line that does not parse is skipped
+    and counted in ``Scrape.skipped``. ``ValueError`` only for a body that is not text."""
     out = Scrape()
     # (gpu, metric) → [(field, compute slices, value)], combined once all are read
     series: dict[tuple[str, str], list[tuple[str, int, float]]] = defaultdict(list)
     counts: dict[str, dict[tuple[str, int], float]] = {XID_TOTAL: {}, XID_COUNT: {}}
-    for family in text_string_to_metric_families(text):
-        if family.name in counts:
-            out.counting = True
-        for s in family.samples:
-            # the parser appends a lower-case "_total" to counter samples; DCGM's upper-case
-            # field names never end in one
-            name = s.name.removesuffix("_total")
-            out.fields.add(name)
-            gpu = _gpu_of(s.labels)
-            value = float(s.value)
-            if gpu is None or not math.isfinite(value):
-                continue
-            if "UUID" in s.labels:
-                out.uuids[gpu] = s.labels["UUID"]
-            if "modelName" in s.labels:
-                out.models.add(s.labels["modelName"])
-            if name == XID_GAUGE:
-                out.xid_gauge[gpu] = int(value)
-            elif name in counts and s.labels.get("xid", "").isdigit():
-                key = (gpu, int(s.labels["xid"]))
-                counts[name][key] = counts[name].get(key, 0.0) + value
-            elif name in DCGM_FIELDS:
-                metric, scale = DCGM_FIELDS[name]
-                if "GPU_I_ID" in s.labels:
-                    out.mig.add(gpu)
-                series[(gpu, metric)].append(
-                    (name, _slices(s.labels.get("GPU_I_PROFILE", "")), max(0.0, value * scale)))
+    for sample_name, labels, raw in _samples(text, out.skipped):
+        # the parser appends a lower-case "_total" to counter samples; DCGM's upper-case
+        # field names never end in one
+        name = sample_name.removesuffix("_total")
+        out.fields.add(name)
+        out.counting = out.counting or name in counts
+        value = float(raw)
+        if not math.isfinite(value):
+            out.skipped[(name, "nan")] += 1
+            continue
+        if _blank(name, value):
+            out.skipped[(name, "blank")] += 1
+            continue
+        gpu = _gpu_of(labels)
+        if gpu is None:
+            continue
+        if "UUID" in labels:
+            out.uuids[gpu] = labels["UUID"]
+        if "modelName" in labels:
+            out.models.add(labels["modelName"])
+        if name == ENERGY:
+            out.energy_mj[gpu] = max(value, out.energy_mj.get(gpu, 0.0))  # one per MIG copy
+        elif name == CLOCK_EVENTS:
+            key_ev = (gpu, labels.get("clock_event", ""))
+            out.clock_events[key_ev] = out.clock_events.get(key_ev, 0.0) + value
+        elif name == XID_GAUGE:
+            out.xid_gauge[gpu] = int(value)
+        elif name in counts and labels.get("xid", "").isdigit():
+            key = (gpu, int(labels["xid"]))
+            counts[name][key] = counts[name].get(key, 0.0) + value
+        elif name in DCGM_FIELDS:
+            metric, scale = DCGM_FIELDS[name]
+            if "GPU_I_ID" in labels:
+                out.mig.add(gpu)
+            series[(gpu, metric)].append(
+                (name, _slices(labels.get("GPU_I_PROFILE", "")), max(0.0, value * scale)))
     out.xid_counts = counts[XID_TOTAL] or counts[XID_COUNT]
     for (gpu, metric), found in series.items():
         out.gpus.setdefault(gpu, {})[metric] = _combine(metric, found)
@@ -216,6 +317,36 @@ class XidWatch:
         self._counts = dict(scrape.xid_counts)
 
 
+class _EnergyPower:
+    """Mean power from an energy counter: the energy between two changes of the
+    counter over the time between them. The exporter refreshes the counter at its own
+    interval (30 s by default), so a change, not a tick, closes a span; the first
+    change after the agent starts only opens one (its start is unknown)."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, float] = {}  # GPU → the counter when first seen
+        self._last: dict[str, tuple[float, float]] = {}  # GPU → (mJ, when it changed)
+        self._power: dict[str, float] = {}
+
+    def update(self, energy_mj: dict[str, float], now: float) -> dict[str, float]:
+        """GPU → mean power (W) over its last closed span, for GPUs that have one."""
+        for gpu, mj in energy_mj.items():
+            first = self._first.setdefault(gpu, mj)
+            last = self._last.get(gpu)
+            if last is None:
+                if mj != first:
+                    self._last[gpu] = (mj, now)
+                continue
+            if mj == last[0]:
+                continue
+            if mj > last[0] and now > last[1]:
+                self._power[gpu] = (mj - last[0]) / 1000.0 / (now - last[1])
+            else:  # the counter went back (driver reload): start again
+                self._power.pop(gpu, None)
+            self._last[gpu] = (mj, now)
+        return {g: p for g, p in self._power.items() if g in energy_mj}
+
+
 class DcgmExporterSource:
     """Scrapes ``url`` (e.g. ``http://localhost:9400/metrics``) once per tick."""
 
@@ -229,6 +360,10 @@ class DcgmExporterSource:
         self.xids = XidWatch(self.pending)
         self._missing_warned: frozenset[str] | None = None
         self._failing: str | None = None
+        # (field, reason) → series skipped since start; logged once per field
+        self.skipped: Counter[tuple[str, str]] = Counter()
+        self._energy = _EnergyPower()
+        self._clock_events: dict[tuple[str, str], float] = {}
 
     def read(self, now: float) -> Reading:
         """One scrape: every GPU's catalog metrics, and at most one new XID per GPU."""
@@ -241,8 +376,14 @@ class DcgmExporterSource:
         if self._failing:
             log.info("dcgm-exporter at %s answers again", self.url)
             self._failing = None
+        self._count_skipped(scrape)
         self._warn_missing(scrape)
         self.xids.update(scrape)
+        for gpu, power in self._energy.update(scrape.energy_mj, now).items():
+            scrape.gpus.setdefault(gpu, {})["power"] = power
+        for gpu, bits in self._clock_event_bits(scrape).items():
+            metrics = scrape.gpus.setdefault(gpu, {})
+            metrics["throttle"] = float(int(metrics.get("throttle", 0.0)) | bits)
         reading = Reading(gpus=scrape.gpus)
         for gpu, metrics in reading.gpus.items():
             metrics["xid"] = float(self.pending.pop(gpu))
@@ -251,6 +392,25 @@ class DcgmExporterSource:
         if self.xids.history:
             reading.meta["xid_history"] = dict(sorted(self.xids.history.items()))
         return reading
+
+    def _count_skipped(self, scrape: Scrape) -> None:
+        for (name, reason), count in scrape.skipped.items():
+            if not any(f == name for f, _ in self.skipped):  # once per field
+                log.warning("dcgm-exporter at %s: %s series of %s skipped (%s), the rest of "
+                            "the page read; counted in vigil_agent_series_skipped_total",
+                            self.url, count, name, reason)
+            self.skipped[(name, reason)] += count
+
+    def _clock_event_bits(self, scrape: Scrape) -> dict[str, int]:
+        """GPU → the NVML clocks-event-reason bits whose event count rose since the
+        previous scrape (a first sight is a baseline; a fall is the window moving)."""
+        bits: dict[str, int] = defaultdict(int)
+        for (gpu, reason), count in scrape.clock_events.items():
+            before = self._clock_events.get((gpu, reason))
+            if before is not None and count > before and reason in CLOCK_EVENT_BITS:
+                bits[gpu] |= CLOCK_EVENT_BITS[reason]
+        self._clock_events = dict(scrape.clock_events)
+        return bits
 
     def _failed(self, kind: str, exc: Exception) -> Reading:
         self.errors[kind] += 1

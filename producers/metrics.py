@@ -49,6 +49,21 @@ class AgentCollector:
         for kind, count in sorted(merged.items()):
             errors.add_metric([kind], count)
         yield errors
+        dropped = CounterMetricFamily(
+            "vigil_agent_readings_dropped",
+            "readings the contract refuses, taken out of the sample (the rest is published)",
+            labels=["metric", "reason"])
+        for (metric, reason), count in sorted(agent.dropped.items()):
+            dropped.add_metric([metric, reason], count)
+        yield dropped
+        skipped = CounterMetricFamily(
+            "vigil_agent_series_skipped",
+            "exporter series skipped (value unparsable, DCGM blank, NaN); the page's rest is read",
+            labels=["source", "field", "reason"])
+        for name, source in sorted(agent.sources.items()):
+            for (field, reason), count in sorted(getattr(source, "skipped", {}).items()):
+                skipped.add_metric([name, field, reason], count)
+        yield skipped
         yield GaugeMetricFamily("vigil_agent_samples_buffered",
                                 "samples waiting for Kafka (memory, in flight, spool)",
                                 value=getattr(pub, "buffered", 0))

@@ -6,9 +6,18 @@ The NVML module is passed in (the real ``pynvml`` on a GPU node, a fake in tests
 and benchmarks), and this module uses only the names in ``NVML_NAMES``, which a
 test checks against the installed nvidia-ml-py.
 
-Units: NVML gives power in mW, utilisation and GPM activity in percent, PCIe
-throughput in KB/s, GPM NVLink/PCIe rates in MiB/s and NVLink field counters in
-KiB; the contract wants W, ratios and bytes/s. GPUs are keyed by their device
+Units: NVML gives power in mW, energy in mJ, utilisation and GPM activity in
+percent, PCIe throughput in KB/s, GPM NVLink/PCIe rates in MiB/s and NVLink field
+counters in KiB; the contract wants W, ratios and bytes/s. GPM's cycle metrics
+(248-250) are taken as cycles/s, as the catalog defines them.
+
+Power is the mean over the tick from the energy counter
+(``nvmlDeviceGetTotalEnergyConsumption``: the energy between two ticks over the
+time between them, exact where the power gauge is one instant); the gauge is used
+on the first tick, when the counter did not move, and where there is no counter.
+Remapped HBM rows, pending and failed remaps (``nvmlDeviceGetRemappedRows``) and
+PCIe replays (``nvmlDeviceGetPcieReplayCounter``) are read on every GPU that has
+them (absent where NVML says not supported). GPUs are keyed by their device
 minor number (what Slurm's GPU indices and /dev/nvidiaN use), not NVML's index.
 """
 
@@ -38,6 +47,10 @@ GPM_METRICS: dict[str, tuple[str, float]] = {
     "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": ("nvlink_rx", MIB),
     "NVML_GPM_METRIC_PCIE_TX_PER_SEC": ("pcie_tx", MIB),
     "NVML_GPM_METRIC_PCIE_RX_PER_SEC": ("pcie_rx", MIB),
+    "NVML_GPM_METRIC_GRAPHICS_UTIL": ("gr_engine_active", 0.01),
+    "NVML_GPM_METRIC_SM_CYCLES_ELAPSED": ("sm_cycles_elapsed", 1.0),
+    "NVML_GPM_METRIC_SM_CYCLES_ACTIVE": ("sm_cycles_active", 1.0),
+    "NVML_GPM_METRIC_MMA_CYCLES_ACTIVE": ("mma_cycles_active", 1.0),
 }
 NVML_NAMES = (
     "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
@@ -54,7 +67,9 @@ NVML_NAMES = (
     "NVML_PCIE_UTIL_RX_BYTES", "NVML_MEMORY_ERROR_TYPE_CORRECTED",
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC",
     "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
-    "nvmlEventTypeXidCriticalError", "NVML_ERROR_TIMEOUT", *GPM_METRICS,
+    "nvmlEventTypeXidCriticalError", "NVML_ERROR_TIMEOUT",
+    "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetRemappedRows", *GPM_METRICS,
 )
 
 
@@ -91,6 +106,7 @@ class NvmlSource:
                         is not None:
                     self.gpm[key] = sample
         self._nvlink_prev: dict[str, tuple[float, float, float]] = {}
+        self._energy_prev: dict[str, tuple[float, float]] = {}  # GPU → (when, mJ)
         self.pending = PendingXids()
 
     def call(self, name: str, *args: Any) -> Any:
@@ -139,6 +155,19 @@ class NvmlSource:
         memory = self.call("nvmlDeviceGetMemoryInfo", h)
         if memory is not None:
             out["mem_used"] = float(memory.used)
+        replays = self.call("nvmlDeviceGetPcieReplayCounter", h)
+        if replays is not None:
+            out["pcie_replay"] = float(replays)
+        rows = self.call("nvmlDeviceGetRemappedRows", h)
+        if rows is not None:
+            correctable, uncorrectable, pending, failure = rows
+            out.update(remapped_rows_correctable=float(correctable),
+                       remapped_rows_uncorrectable=float(uncorrectable),
+                       row_remap_pending=1.0 if pending else 0.0,
+                       row_remap_failure=1.0 if failure else 0.0)
+        power = self._energy_power(key, h, now)
+        if power is not None:
+            out["power"] = power
         out["xid"] = 0.0  # set in ``read`` from the event queue
         if key in self.gpm:
             out.update(self._gpm(key, h))
@@ -150,7 +179,20 @@ class NvmlSource:
                     out[name] = float(value) * 1000.0
         if "nvlink_tx" not in out:
             out.update(self._nvlink(key, h, now))
+        if "nvlink_tx" in out and "nvlink_rx" in out:
+            out["nvlink_total"] = out["nvlink_tx"] + out["nvlink_rx"]
         return out
+
+    def _energy_power(self, key: str, h: Any, now: float) -> float | None:
+        """Mean power (W) since the previous tick from the energy counter, or None."""
+        mj = self.call("nvmlDeviceGetTotalEnergyConsumption", h)
+        if mj is None:
+            return None
+        previous = self._energy_prev.get(key)
+        self._energy_prev[key] = (now, float(mj))
+        if previous is None or now <= previous[0] or mj <= previous[1]:
+            return None  # first tick, no time passed, counter still or reset: the gauge
+        return (float(mj) - previous[1]) / 1000.0 / (now - previous[0])
 
     def _gpm(self, key: str, h: Any) -> dict[str, float]:
         """Two GPM samples ≥ 100 ms apart (one tick) give activity over the interval."""

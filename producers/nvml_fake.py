@@ -31,7 +31,12 @@ def busy_training(index: int, t: float) -> dict[str, float]:
             "power": 480.0 + rng.gauss(0, 8), "temperature": 67.0, "sm_clock": 1980.0,
             "mem_clock": 2619.0, "mem_used": 71.5 * (1 << 30), "nvlink_tx": 30e9,
             "nvlink_rx": 30e9, "pcie_tx": 1.2e9, "pcie_rx": 1.5e9, "pcie_gen": 5.0,
-            "pcie_width": 16.0, "ecc_sbe": 0.0, "ecc_dbe": 0.0, "throttle": 0.0}
+            "pcie_width": 16.0, "ecc_sbe": 0.0, "ecc_dbe": 0.0, "throttle": 0.0,
+            "gr_engine_active": 0.99, "sm_cycles_elapsed": 1980e6 * 132,
+            "sm_cycles_active": 0.62 * 1980e6 * 132, "mma_cycles_active": 0.3 * 1980e6 * 132,
+            "pcie_replay": 0.0, "remapped_rows_correctable": 0.0,
+            "remapped_rows_uncorrectable": 0.0, "row_remap_pending": 0.0,
+            "row_remap_failure": 0.0}
 
 
 @dataclass
@@ -58,6 +63,7 @@ class FakeNvml:
         self._events: deque[tuple[int, int]] = deque()
         self._nvlink_kib: dict[int, list[float]] = {}
         self._nvlink_t: dict[int, float] = {}
+        self._energy: dict[int, tuple[float, float]] = {}  # GPU → (when, mJ)
         self._last_sampled: _Handle | None = None
         self._profile_cache: dict[int, tuple[tuple[int, int], dict[str, float]]] = {}
         self._handles = [_Handle(i, minor=i + 10 if i % 2 else i) for i in range(gpus)]
@@ -171,6 +177,24 @@ class FakeNvml:
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: _Handle) -> int:
         self._enter("nvmlDeviceGetCurrentClocksEventReasons", h)
         return int(self._v(h)["throttle"])
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: _Handle) -> int:
+        self._enter("nvmlDeviceGetTotalEnergyConsumption", h)
+        now = self.clock()
+        when, mj = self._energy.get(h.index, (now, 1e9))
+        mj += self._v(h)["power"] * 1000.0 * max(0.0, now - when)  # W over the gap, in mJ
+        self._energy[h.index] = (now, mj)
+        return int(mj)
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: _Handle) -> int:
+        self._enter("nvmlDeviceGetPcieReplayCounter", h)
+        return round(self._v(h)["pcie_replay"])
+
+    def nvmlDeviceGetRemappedRows(self, h: _Handle) -> tuple[int, int, int, int]:
+        self._enter("nvmlDeviceGetRemappedRows", h)
+        v = self._v(h)
+        return (round(v["remapped_rows_correctable"]), round(v["remapped_rows_uncorrectable"]),
+                round(v["row_remap_pending"]), round(v["row_remap_failure"]))
 
     def nvmlDeviceGetFieldValues(self, h: _Handle, ids: list[int]) -> list[Any]:
         self._enter("nvmlDeviceGetFieldValues", h)

@@ -14,6 +14,10 @@ class WorkerMetrics:
         self.samples = Counter("vigil_worker_samples", "valid samples consumed", registry=r)
         self.deadletters = Counter("vigil_worker_deadletters", "messages dead-lettered",
                                    ["reason"], registry=r)
+        self.readings_dropped = Counter(
+            "vigil_worker_readings_dropped",
+            "readings taken out of an otherwise valid sample (the rest is kept)",
+            ["metric", "reason"], registry=r)
         self.late = Counter("vigil_worker_late_samples",
                             "samples too late for their window", registry=r)
         self.detections = Counter("vigil_worker_detections", "detections published",

@@ -2,7 +2,8 @@
 Faust, so that the order of its effects can be tested without Kafka.
 
 Per batch: decode each admitted message (a bad one goes to the dead-letter outlet
-with its reason), fold each job's samples into its engine in event-time order,
+with its reason; a bad reading in a good one is dropped and counted, not the
+sample), fold each job's samples into its engine in event-time order,
 advance event time, send the detections, and only then checkpoint the engine (when it
 published something, or every ``worker.checkpoint_steps`` evaluated steps): a crash
 can repeat a detection but never lose one. On revocation: checkpoint every live
@@ -16,11 +17,11 @@ holds the checkpoints.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from contracts.codec import encode_detection
+from contracts.codec import DroppedReading, encode_detection
 from contracts.config import Config
 from contracts.errors import ContractError
 from contracts.messages import Detection, JobStatus, Sample, WorkerStatus
@@ -75,6 +76,7 @@ class BatchProcessor:
         self.heat_due: set[str] = set()  # jobs evaluated since the last status message
         self.samples = 0
         self.deadletters = 0
+        self.readings_dropped = 0
         self.moves = NodeMoves()  # a node reporting under another job left its old one
 
     def engine_for(self, job: str) -> JobEngine:
@@ -98,11 +100,12 @@ class BatchProcessor:
         moved: list[tuple[str, str]] = []  # (old job, node) of nodes that changed jobs
         newest_append = 0.0
         good = 0
+        dropped: list[DroppedReading] = []  # one bad reading costs that reading only
         for event in admitted:
             msg = event.message
             newest_append = max(newest_append, msg.timestamp or 0.0)
             try:
-                sample = decode_sample_fast(event.value)
+                sample = decode_sample_fast(event.value, dropped)
             except ContractError as exc:
                 self.metrics.deadletters.labels(exc.reason).inc()
                 self.deadletters += 1
@@ -116,6 +119,9 @@ class BatchProcessor:
             if sample["job"]:
                 by_job[sample["job"]].append(sample)
         self.metrics.samples.inc(good)  # once a batch: a counter's lock costs per call
+        for (metric, reason), count in Counter((d.metric, d.reason) for d in dropped).items():
+            self.metrics.readings_dropped.labels(metric, reason).inc(count)
+        self.readings_dropped += len(dropped)
         self.samples += good
         for job, job_samples in by_job.items():
             await self._job_batch(job, job_samples, newest_append)

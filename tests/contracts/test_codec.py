@@ -147,3 +147,23 @@ def test_a_trace_skips_blank_lines_and_reports_bad_ones_by_their_number() -> Non
     found = list(decode_trace(lines, lambda lineno, _exc: bad.append(lineno)))
     assert len(found) == 2 and bad == [5]
 
+
+
+def test_drop_bad_readings_takes_out_only_the_bad_ones() -> None:
+    from contracts.codec import drop_bad_readings
+
+    sample = copy.deepcopy(SAMPLE)
+    sample["gpus"]["0"].update(power=float("nan"), temperature=1e9, ecc_sbe="3")
+    sample["host"]["cpu_util"] = 2.0
+    sample["nics"]["mlx5_0"]["ib_rate"] = -1
+    sample["gpus"]["1"]["bogus"] = 1  # unknown names are the message's fault, kept
+    dropped = drop_bad_readings(sample)
+    assert sorted((d.device, d.metric, d.reason) for d in dropped) == [
+        ("gpus.0", "ecc_sbe", "wrong_type"), ("gpus.0", "power", "non_finite"),
+        ("gpus.0", "temperature", "out_of_range"), ("host", "cpu_util", "out_of_range"),
+        ("nics.mlx5_0", "ib_rate", "out_of_range")]
+    assert sample["gpus"]["0"] == {"sm_active": 0.5, "xid": 0} and sample["host"] == {}
+    with pytest.raises(ContractError) as err:
+        validate_sample(sample)
+    assert err.value.reason == "unknown_metric"
+    assert drop_bad_readings(copy.deepcopy(SAMPLE)) == [] and drop_bad_readings([1]) == []

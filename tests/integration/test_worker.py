@@ -30,13 +30,14 @@ START = 1_850_000_000.0
 
 POISON: dict[str, bytes] = {
     "invalid_json": b'{"schema": "vigil.sample/1", "ts": ',
-    "non_finite": b'{"schema": "vigil.sample/1", "ts": NaN}',
+    "non_finite": json.dumps({"schema": "vigil.sample/1", "ts": float("nan"), "job": "j",
+                              "node": "n", "gpus": {}, "host": {}, "nics": {}}).encode(),
     "unknown_schema": json.dumps({"schema": "vigil.sample/9", "ts": 1}).encode(),
     "unknown_metric": json.dumps({"schema": "vigil.sample/1", "ts": 1.0, "job": "j",
                                   "node": "n", "gpus": {"0": {"cmdline": 1}}, "host": {},
                                   "nics": {}}).encode(),
-    "out_of_range": json.dumps({"schema": "vigil.sample/1", "ts": 1.0, "job": "j", "node": "n",
-                                "gpus": {"0": {"sm_active": 7.5}}, "host": {},
+    "out_of_range": json.dumps({"schema": "vigil.sample/1", "ts": -1.0, "job": "j", "node": "n",
+                                "gpus": {"0": {"sm_active": 0.5}}, "host": {},
                                 "nics": {}}).encode(),
     "wrong_type": b'"just a string"',
     "too_large": b'{"pad": "' + b"x" * (600 << 10) + b'"}',

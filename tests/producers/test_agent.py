@@ -89,3 +89,36 @@ def test_slurm_attribution_from_cgroups(tmp_path: Path) -> None:
     assert slurm() == "4100"  # two jobs: the older (lower) id
     (tmp_path / "cpuset/slurm/uid_1000/job_77").mkdir(parents=True)
     assert SlurmJob(tmp_path)() == "77"
+
+
+class Sentinel:
+    """A source whose power reading is a value the contract refuses."""
+
+    def __init__(self, power: float) -> None:
+        self.power = power
+
+    def read(self, now: float) -> Reading:
+        return Reading(gpus={"0": {"power": self.power, "temperature": 51.0},
+                             "1": {"power": 300.0}})
+
+
+def test_an_out_of_range_reading_is_dropped_counted_and_the_rest_published(
+        caplog: Any) -> None:
+    from prometheus_client import generate_latest
+
+    from producers.metrics import agent_registry
+
+    sink = ListSink()
+    clock = iter(range(1000))
+    agent = Agent("n1", {"s": Sentinel(140737488355328.0)}, sink, None, StaticJob("j"),
+                  monotonic=lambda: float(next(clock)))
+    with caplog.at_level("WARNING", logger="producers.agent"):
+        for _ in range(3):
+            agent.tick()
+    assert len(sink.samples) == 3 and not agent.errors  # every tick published
+    assert sink.samples[-1]["gpus"] == {"0": {"temperature": 51.0}, "1": {"power": 300.0}}
+    assert agent.dropped == {("power", "out_of_range"): 3}
+    assert len([r for r in caplog.records if "reading dropped" in r.message]) == 1
+    page = generate_latest(agent_registry(agent, object())).decode()
+    assert ('vigil_agent_readings_dropped_total{metric="power",reason="out_of_range"} 3.0'
+            in page)

@@ -140,8 +140,15 @@ def test_unreachable_and_unparsable_scrapes_are_counted_and_logged_once(
         assert source.read(1.0).gpus == {} and source.read(2.0).gpus == {}
     assert source.errors["unreachable"] == 2
     assert len([r for r in caplog.records if "unreachable" in r.message]) == 1
-    broken = _source(["DCGM_FI_DEV_GPU_TEMP{gpu=\"0\" 51\n"])
-    assert broken.read(1.0).gpus == {} and broken.errors["unparsable"] == 1
+    # one broken line costs that line: the page's other GPU is read, the skip counted
+    broken = _source(['DCGM_FI_DEV_GPU_TEMP{gpu="0" 51\nDCGM_FI_DEV_GPU_TEMP{gpu="1"} 52\n'] * 2)
+    with caplog.at_level(logging.WARNING, logger="producers.dcgm"):
+        assert broken.read(1.0).gpus == {"1": {"temperature": 52.0, "xid": 0.0}}
+        broken.read(2.0)
+    assert broken.skipped == {("DCGM_FI_DEV_GPU_TEMP", "unparsable"): 2}
+    assert len([r for r in caplog.records if "skipped" in r.message]) == 1  # once per field
+    binary = _source(["\x00\x01garbage"])  # not text at all: the only failed scrape
+    assert binary.read(1.0).gpus == {} and binary.errors["unparsable"] == 1
 
 
 def test_missing_profiling_fields_warn_once_naming_them_and_the_fix(
@@ -219,3 +226,37 @@ def test_a_stale_double_bit_ecc_count_is_a_baseline_and_a_rise_fires() -> None:
     _, detections = _run([V33] * 20 + [rose] * 3)
     fired = _health(detections)
     assert fired and fired[0]["detected_at"] == T0 + 20 and fired[0]["severity"] == "critical"
+
+
+def test_energy_counter_gives_the_mean_power_between_its_changes() -> None:
+    def page(mj: int, hw_slowdown: int) -> str:
+        labels = 'gpu="0",UUID="GPU-x",device="nvidia0"'
+        return (f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} 100.0\n"
+                f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{labels}}} {mj}\n"
+                f'DCGM_EXP_CLOCK_EVENTS_COUNT{{{labels},clock_event="hw_slowdown"}} '
+                f"{hw_slowdown}\n")
+
+    # the exporter refreshes every 2 s; the agent reads every second
+    pages = [page(1_000_000, 0), page(1_000_000, 0), page(1_500_000, 0), page(1_500_000, 0),
+             page(2_700_000, 0), page(2_700_000, 1)]
+    source = _source(pages)
+    power = [source.read(float(t)).gpus["0"] for t in range(len(pages))]
+    # first change opens a span; the second closes it: 1.2 kJ over 2 s = 600 W
+    assert [p["power"] for p in power] == [100.0, 100.0, 100.0, 100.0, 600.0, 600.0]
+    assert [int(p.get("throttle", 0)) for p in power] == [0, 0, 0, 0, 0, 0x8]
+
+
+@pytest.mark.parametrize(("field", "severity"), [("DCGM_FI_DEV_ROW_REMAP_FAILURE", "critical"),
+                                                 ("DCGM_FI_DEV_ROW_REMAP_PENDING", "warning")])
+def test_a_row_remap_seen_while_watching_fires_and_one_from_before_does_not(
+        field: str, severity: str) -> None:
+    def page(flag: int) -> str:
+        return V33 + f'{field}{{gpu="1",UUID="GPU-1b2c",device="nvidia1"}} {flag}\n'
+
+    _, before = _run([page(1)] * 20)  # already set when the agent started: history
+    assert not _health(before)
+    _, detections = _run([page(0)] * 20 + [page(1)] * 3)
+    fired = _health(detections)
+    assert [(d["gpu"], d["severity"], d["detected_at"]) for d in fired] == [
+        ("1", severity, T0 + 20)]
+    assert ("replace" in fired[0]["summary"]) == (severity == "critical")

@@ -78,3 +78,28 @@ def test_several_xids_in_one_tick_are_published_one_a_tick_none_overwritten() ->
         fake.inject_xid(0, code)
     published = [source.read(float(t)).gpus["0"]["xid"] for t in range(1, 6)]
     assert published == [31.0, 31.0, 48.0, 0.0, 0.0]
+
+
+def test_power_is_the_energy_counters_mean_over_the_tick_and_remaps_are_read() -> None:
+    clock = {"t": 10.0}
+    watts = {"t": 400.0}
+
+    def profile(index: int, t: float) -> dict[str, float]:
+        return {**busy_training(index, t), "power": watts["t"], "row_remap_pending": 1.0,
+                "remapped_rows_uncorrectable": 2.0, "pcie_replay": 7.0}
+
+    fake = FakeNvml(gpus=1, profile=profile, clock=lambda: clock["t"])
+    source = NvmlSource(fake)
+    first = source.read(10.0).gpus["0"]
+    assert first["power"] == pytest.approx(400.0)  # first tick: the gauge
+    clock["t"], watts["t"] = 12.0, 600.0  # the fake integrates 600 W over the 2 s
+    fake._profile_cache.clear()
+    second = source.read(12.0).gpus["0"]
+    assert second["power"] == pytest.approx(600.0, rel=1e-3)  # ΔmJ / Δt, not the gauge
+    assert second["row_remap_pending"] == 1.0 and second["row_remap_failure"] == 0.0
+    assert second["remapped_rows_uncorrectable"] == 2.0 and second["pcie_replay"] == 7.0
+    assert second["nvlink_total"] == pytest.approx(second["nvlink_tx"] + second["nvlink_rx"])
+    fake.unsupported = {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetTotalEnergyConsumption"}
+    clock["t"] = 13.0
+    third = source.read(13.0).gpus["0"]
+    assert "row_remap_pending" not in third and third["power"] == pytest.approx(600.0)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts import topics
-from contracts.codec import MAX_MESSAGE_BYTES, encode_sample
+from contracts.codec import MAX_MESSAGE_BYTES, DroppedReading, encode_sample
 from contracts.config import Config
 from contracts.errors import ContractError
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
@@ -45,21 +45,40 @@ HOSTILE: dict[str, list[bytes]] = {
     "invalid_json": [b'{"schema": "vigil.sample/1", "ts": ', b"\xff\xfe\x00garbage", b"",
                      b"[" * 200_000 + b"]" * 200_000],  # deep nesting
     "too_large": [b'{"pad": "' + b"x" * (10 << 20) + b'"}'],  # 10 MB
-    "non_finite": [b'{"schema":"vigil.sample/1","ts":1,"job":"j","node":"n",'
-                   b'"gpus":{"0":{"power":NaN}},"host":{},"nics":{}}',
-                   b'{"schema":"vigil.sample/1","ts":Infinity}',
-                   b'{"schema":"vigil.sample/1","ts":1,"job":"j","node":"n",'
-                   b'"gpus":{"0":{"power":1e999}},"host":{},"nics":{}}'],
-    "out_of_range": [_dump(_sample(gpus={"0": {"ecc_sbe": -5}})),  # negative counter
-                     _dump(_sample(gpus={"0": {"power": 10 ** 400}})),  # huge integer
-                     _dump(_sample(ts=-1.0))],
-    "wrong_type": [_dump(_sample(gpus={"0": {"sm_active": "0.5"}})),
-                   _dump(_sample(gpus={"0": {"sm_active": True}})),
-                   _dump(_sample(job=7)), _dump([1, 2, 3]), b"null"],
+    "non_finite": [b'{"schema":"vigil.sample/1","ts":Infinity,"job":"j","node":"n",'
+                   b'"gpus":{},"host":{},"nics":{}}',
+                   b'{"schema":"vigil.sample/1","ts":NaN,"job":"j","node":"n",'
+                   b'"gpus":{},"host":{},"nics":{}}'],
+    "out_of_range": [_dump(_sample(ts=-1.0))],
+    "wrong_type": [_dump(_sample(job=7)), _dump([1, 2, 3]), b"null"],
     "unknown_metric": [_dump(_sample(gpus={"0": {"process_name": 1.0}}))],
     "unknown_field": [_dump(_sample(cmdline="python train.py --secret"))],
     "bad_value": [_dump(_sample(node="")), _dump(_sample(gpus={"٣": {"sm_active": 0.1}}))],
 }
+
+
+# one bad reading in an otherwise good sample: that reading is dropped (with this
+# reason), the sample kept (DESIGN principle 14), never dead-lettered
+ONE_BAD_READING: dict[str, list[bytes]] = {
+    "non_finite": [b'{"schema":"vigil.sample/1","ts":1,"job":"j","node":"n",'
+                   b'"gpus":{"0":{"power":NaN,"ecc_sbe":3}},"host":{},"nics":{}}',
+                   b'{"schema":"vigil.sample/1","ts":1,"job":"j","node":"n",'
+                   b'"gpus":{"0":{"power":1e999,"ecc_sbe":3}},"host":{},"nics":{}}'],
+    "out_of_range": [_dump(_sample(gpus={"0": {"ecc_sbe": -5, "power": 3}})),
+                     _dump(_sample(gpus={"0": {"power": 10 ** 400, "ecc_sbe": 3}})),
+                     _dump(_sample(gpus={"0": {"power": 140737488355328.0, "ecc_sbe": 3}}))],
+    "wrong_type": [_dump(_sample(gpus={"0": {"sm_active": "0.5", "ecc_sbe": 3}})),
+                   _dump(_sample(gpus={"0": {"sm_active": True, "ecc_sbe": 3}}))],
+}
+
+
+@pytest.mark.parametrize("reason,raw", [(r, x) for r, xs in ONE_BAD_READING.items() for x in xs],
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_one_bad_reading_costs_that_reading_not_the_sample(reason: str, raw: bytes) -> None:
+    dropped: list[DroppedReading] = []
+    sample = decode_sample_fast(raw, dropped)
+    assert [d.reason for d in dropped] == [reason]
+    assert dropped[0].metric not in sample["gpus"]["0"] and len(sample["gpus"]["0"]) == 1
 
 
 @pytest.mark.parametrize("reason,raw", [(r, x) for r, xs in HOSTILE.items() for x in xs],
@@ -116,12 +135,13 @@ def test_worker_dead_letters_hostile_input_and_still_detects(
     sendable["invalid_json"] += [b"\x00" + rng.randbytes(rng.randint(0, 2000))
                                  for _ in range(30)]
     hostile = [x for xs in sendable.values() for x in xs]
+    survivors = [x for xs in ONE_BAD_READING.values() for x in xs]  # kept, not dead
     job = JobSpec("jöb-✓", [f"узел-{i}" for i in range(4)])  # unicode ids are data
     cluster = Cluster([job], [Fault("slow_gpu", job.name, job.nodes[2], "1", START + 40)])
     good = list(Simulator(cluster, START, seed=3).samples(130))
     third = len(good) // 3
-    publish(isolated_cfg, good[:third], raw=hostile)
-    publish(isolated_cfg, good[third:], raw=hostile)
+    publish(isolated_cfg, good[:third], raw=hostile + survivors)
+    publish(isolated_cfg, good[third:], raw=hostile + survivors)
     worker = start_worker(isolated_env, str(tmp_path / "worker.log"))
     try:
         dead = read_topic(isolated_cfg, topics.DEADLETTER, lambda v: len(v) >= 2 * len(hostile),

@@ -1,4 +1,5 @@
-"""The worker's fast decoder gives the contract's answers, reason for reason."""
+"""The worker's fast decoder gives the contract's lenient answers, reason for reason:
+the same sample, the same readings dropped, the same refusal."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.codec import ContractError, decode_sample
+from contracts.codec import ContractError, DroppedReading, decode_sample
 from streams.decode import decode_sample_fast
 from tests.contracts.test_codec import BAD_SAMPLES, SAMPLE, _mutate
 
@@ -18,10 +19,26 @@ RAW_CASES = [b'{"schema": ', b'{"ts": NaN}', b'{"ts": -Infinity}', b"\xff\xfe", 
 
 
 def _outcome(decoder: object, raw: bytes) -> object:
+    dropped: list[DroppedReading] = []
     try:
-        return decoder(raw)  # type: ignore[operator]
+        return decoder(raw, dropped), sorted(dropped)  # type: ignore[operator]
     except ContractError as exc:
         return ("error", exc.reason)
+
+
+def test_one_bad_reading_is_dropped_not_the_sample() -> None:
+    gpus = {"0": {"power": 140737488355328.0, "temperature": 51},
+            "1": {"sm_active": 7.5, "ecc_sbe": -1, "power": 300}}
+    raw = json.dumps({**SAMPLE, "gpus": gpus}).encode().replace(b"51", b"NaN")
+    dropped: list[DroppedReading] = []
+    sample = decode_sample_fast(raw, dropped)
+    assert sample["gpus"] == {"0": {}, "1": {"power": 300}}
+    assert sorted((d.device, d.metric, d.reason) for d in dropped) == [
+        ("gpus.0", "power", "out_of_range"), ("gpus.0", "temperature", "non_finite"),
+        ("gpus.1", "ecc_sbe", "out_of_range"), ("gpus.1", "sm_active", "out_of_range")]
+    with pytest.raises(ContractError) as err:  # the strict contract refuses it whole
+        decode_sample(raw)
+    assert err.value.reason == "non_finite"
 
 
 @pytest.mark.parametrize("raw", RAW_CASES + [json.dumps(_mutate(SAMPLE, p, v)).encode()
