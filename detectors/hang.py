@@ -24,7 +24,7 @@ QUIET_NVLINK = 1e9  # bytes/s
 QUIET_IB = 1e8  # bytes/s
 ALLOCATED = 1 << 30  # bytes of device memory still held
 SHARE = 0.9  # of the job's GPUs
-GPU_READS = ("sm_active", "gpu_util", "mem_used", "nvlink_tx")
+GPU_READS = ("sm_active", "tensor_active", "gpu_util", "mem_used", "nvlink_tx")
 NIC_READS = ("ib_tx",)
 
 
@@ -39,7 +39,7 @@ def hung_bins(view: WindowView, last: int) -> np.ndarray:
     """Boolean per bin of the ``last`` bins: the job shows the hang signature (each
     bin is judged on its own, so the older bins are looked at only when the newest
     all show it)."""
-    sm, util = view.gpu("sm_active")[:, -last:], view.gpu("gpu_util")[:, -last:]
+    sm, util = view.activity()[:, -last:], view.gpu("gpu_util")[:, -last:]
     mem, nvl = view.gpu("mem_used")[:, -last:], view.gpu("nvlink_tx")[:, -last:]
     # a GPU counts where both signature readings exist: one whose utilisation reading is
     # missing in a bin (a lost sample, a hold that ran out) neither confirms nor vetoes
@@ -60,7 +60,7 @@ def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
     if len(view.bins) < need or not view.gpus:
         return []
     with np.errstate(invalid="ignore"):
-        idle = view.gpu("sm_active")[:, -need:] < SPIN_SM_ACTIVE
+        idle = view.activity()[:, -need:] < SPIN_SM_ACTIVE
     if not idle.any(axis=0).all():  # the usual step: a bin where no GPU spins
         return []
     if not hung_bins(view, need).all():
@@ -70,7 +70,7 @@ def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
     while run < len(hung) and hung[-run - 1]:
         run += 1
     since = view.bin_start(0, run)
-    sm = float(np.nanmedian(view.gpu("sm_active")[:, -need:]))
+    sm = float(np.nanmedian(view.activity()[:, -need:]))
     util = float(np.nanmedian(view.gpu("gpu_util")[:, -need:]))
     summary = (f"Job appears hung: all {len(view.gpus)} GPUs spin at SM activity "
                f"{fmt(sm, 'ratio')} with utilisation {fmt(util, 'ratio')} and no NVLink or "

@@ -25,7 +25,7 @@ COMMUNICATING_NVLINK = 1e9  # bytes/s: the node's median GPU is moving data
 NVLINK_ABS_FLOOR = COMMUNICATING_NVLINK / 10  # the scale of NVLink's scores: at least
 NVLINK_REL_FLOOR = 0.05  # this, and this share of the node's median
 WAIT_FLOOR = 0.25  # the scale of back-pressure scores (log10 of ticks/s): at least this
-GPU_READS = ("sm_active", "pcie_gen", "pcie_width", "nvlink_tx")
+GPU_READS = ("sm_active", "tensor_active", "pcie_gen", "pcie_width", "nvlink_tx")
 NIC_READS = ("ib_rate", "ib_errors", "ib_xmit_wait")
 
 
@@ -102,7 +102,7 @@ def _calm_ports(log_wait: Array, z: float) -> bool:
 
 def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
     with np.errstate(invalid="ignore"):
-        loaded = view.gpu("sm_active")[:, -p.of_bins:] > LOADED_SM_ACTIVE
+        loaded = view.activity()[:, -p.of_bins:] > LOADED_SM_ACTIVE
     for metric in ("pcie_gen", "pcie_width"):
         values = np.where(loaded, view.gpu(metric)[:, -p.of_bins:], np.nan)
         if _all_within(values, 0.5):  # the usual step: none can be under its bin's median

@@ -52,7 +52,7 @@ def find_network_bound(view: WindowView, p: NetworkParams, open_now: bool = Fals
     with np.errstate(invalid="ignore"):
         if int(np.sum(comm >= p.link_share)) < p.need_bins:  # the usual step: not busy
             return []
-    sm = nanmedian(view.gpu("sm_active")[:, recent], axis=0)
+    sm = nanmedian(view.activity()[:, recent], axis=0)
     tensor = nanmedian(view.gpu("tensor_active")[:, recent], axis=0)
     with np.errstate(invalid="ignore"):
         bound = (comm >= p.link_share) & (sm <= p.max_sm_active) & (tensor <= p.max_tensor_active)

@@ -60,6 +60,12 @@ load: only bins where the job's busiest GPU is near its recent level are compare
 (warm-up, checkpoints, evaluation and hangs hold the sums; a rise restarts
 training), and a stream's first compared bins only teach.
 
+**Without SM activity** (dcgm-exporter's default field set since 4.0 comments
+``sm_active`` out, and ``gr_engine_active`` reads 100 % while a GPU spins in a
+collective, so it is no busy time), tensor activity stands in for busy time: a
+throttled GPU is still found (its tensor share rises as its clock falls, its work
+rate stays level), a stall at the same clock is not (its tensor share stays level).
+
 **Without a work signal** (an exporter without the profiling fields), ``s`` is the
 busy excess alone: such a finding says ``work_basis: none``, and unless its clock is
 down or a clock-event flag is up it cannot be told from more work: it carries
@@ -100,6 +106,7 @@ WORK_SOURCES: tuple[tuple[str, str | None], ...] = (
 GPU_READS = (BUSY, "mma_cycles_active", "tensor_active", "sm_clock", "dram_active", "mem_clock")
 NIC_READS: tuple[str, ...] = ()
 _B, _CLOCK = GPU_READS.index(BUSY), GPU_READS.index("sm_clock")
+_TENSOR = GPU_READS.index("tensor_active")
 MIN_WORK_SHARE = 0.02  # a share-type work counter whose peers read below this says nothing
 MIN_BUSY = 0.05  # peers busier than this are compared (below: idle or a pause)
 # The two statistics, in log-ratio units. Their noise floors: a departure smaller than
@@ -176,6 +183,8 @@ def find_stragglers(view: WindowView, p: StragglerParams,
         memory["version"] = STATE_VERSION
     last = view.bins[-1]
     latest = view.latest_per_node(GPU_READS)  # metrics × nodes × slots
+    if np.isnan(latest[_B]).all():  # dcgm-exporter's default fields: no SM activity
+        latest[_B] = latest[_TENSOR]
     comparable = _comparable(latest[_B], last, view.bin_seconds, memory)
     basis = _work_basis(latest, memory)
     gpu_level, node_level = _levels(view, latest, basis)

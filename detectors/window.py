@@ -544,6 +544,19 @@ class WindowView:
         out[:, self._node_idx, self._slot_idx] = [self._gpu[m][:, -1] for m in metrics]
         return out
 
+    def activity(self) -> Array:
+        """(GPUs × bins) SM activity, or, where no GPU of the view reports it
+        (dcgm-exporter's default fields since 4.0 leave it out), tensor activity in
+        its place: both are near zero on a GPU that spins in a collective or idles,
+        and well above it on one that computes. Detectors that only ask "is it
+        computing?" read this."""
+        sm = self._gpu.get("sm_active")
+        if sm is not None and not np.isnan(sm).all():
+            return sm
+        tensor = self._gpu.get("tensor_active")
+        return tensor if tensor is not None else np.full((len(self.gpus), len(self.bins)),
+                                                         np.nan)
+
     def positions(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """Each GPU's (node index, slot) in ``per_node`` arrays, in ``gpus`` order."""
         return self._node_idx, self._slot_idx
