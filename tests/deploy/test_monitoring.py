@@ -38,7 +38,10 @@ def _promtool(*args: str, cwd: Path = PROM) -> str:
 def _exported() -> set[str]:
     """Series names the worker, agent and alerter expose."""
     agent = SimpleNamespace(ticks=1, sampler=None, errors=Counter({"nvml": 1}),
-                            job_of=SimpleNamespace(errors=Counter({"podresources": 1})))
+                            job_of=SimpleNamespace(errors=Counter({"podresources": 1})),
+                            dropped=Counter({("power", "out_of_range"): 1}),
+                            sources={"dcgm": SimpleNamespace(
+                                skipped=Counter({("DCGM_FI_DEV_POWER_USAGE", "blank"): 1}))})
     publisher = SimpleNamespace(published=1, dropped=0, buffered=0, errors={}, latencies=[0.1])
     alerter = SimpleNamespace(applied=1, duplicates=0, invalid=0, statuses=0,
                               outage=SimpleNamespace(errors=0, backlog=[]),

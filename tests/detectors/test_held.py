@@ -104,12 +104,16 @@ def _detections(held_seconds: float) -> list[dict[str, Any]]:
     return [d for d in out if d["state"] == "firing"]
 
 
-def test_a_steady_straggler_is_found_in_adaptively_sampled_data_because_of_the_hold() -> None:
+def test_a_steady_straggler_is_found_in_adaptively_sampled_data_with_the_hold() -> None:
     fault = SLOW_GPU.cluster.faults[0]
     found = _detections(DetectConfig().held_seconds)
     assert [(d["kind"], d["node"], d["gpu"]) for d in found] == [
         ("straggler", fault.node, fault.gpu)]
-    assert not [d for d in _detections(0.5) if d["kind"] == "straggler"]
+    # without the hold too, and within a bin of it: since issue #28 a GPU's activity
+    # counters are published together, so the bare readings of a bin already compare
+    bare = [d for d in _detections(0.5) if d["kind"] == "straggler"]
+    assert [(d["node"], d["gpu"]) for d in bare] == [(fault.node, fault.gpu)]
+    assert abs(bare[0]["detected_at"] - found[0]["detected_at"]) <= DetectConfig().bin_seconds
 
 
 def test_a_checkpoint_of_the_previous_layout_is_still_held() -> None:
