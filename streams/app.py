@@ -12,11 +12,14 @@ in-flight messages); what it does with a batch and on a rebalance is
 State: live engines stay in this process. An engine is checkpointed to the
 changelogged ``engines`` table (compressed) whenever it publishes a detection,
 every ``worker.checkpoint_steps`` evaluated steps, and all of them on a rebalance
-before they are dropped; a worker that takes over a partition starts from the last
-checkpoint (window data since then is missing for at most that many steps:
-the detectors treat it as no reading). Detections are sent before the
-checkpoint, so a crash can repeat a detection (same id and state: consumers and
-the alerter treat it as a duplicate) but never lose one. The table lives in Faust's
+before they are dropped. Commits never pass a sample that some job's checkpoint
+lacks (``BatchProcessor.commit_floor``), and each checkpoint keeps the offsets its
+engine folded in: a worker that takes over a partition starts from the last
+checkpoint, gets again every sample since, and skips what a checkpoint already
+holds, so it decides exactly what replay of the same samples decides (issue #28:
+crash equals replay). Detections are sent before the checkpoint, so a crash can
+repeat a detection (same id and state: consumers and the alerter treat it as a
+duplicate) but never lose one. The table lives in Faust's
 memory store, rebuilt from the compacted changelog at start (measured in
 bench/RESULTS.md "Table store"; Faust's RocksDB store cannot take writes made outside
 its per-event context, as these checkpoints are). Faust's exactly-once
@@ -159,6 +162,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
                                worker_id)
     lag_now: dict[str, int] = {}  # partition → lag, as the lag timer last saw it
     continuity = Continuity(app, samples_name, metrics)
+    continuity.guard.floor = processor.commit_floor  # never commit past a checkpoint
 
     async def _on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
         # Faust flushed its producer before this signal; the checkpoints written now

@@ -16,7 +16,9 @@ messages are missing, so it is skipped too and the caller seeks the consumer bac
 to ``expected`` (at most once per ``refetch_seconds``, again and again until it
 arrives). A hole no later message reveals is found from the consumer's position
 standing past ``expected`` without progress. Commits are clamped to
-``expected``: nothing that did not reach the detectors is ever committed.
+``expected``: nothing that did not reach the detectors is ever committed; and to
+``floor``: nothing that is not yet in a job's checkpoint either, so a restarted
+worker gets again every sample its checkpoints lack.
 A gap that the log itself has (retention deleted the offsets) is accepted once
 the caller checks the log start, and counted.
 """
@@ -55,6 +57,8 @@ class OffsetGuard:
         self.stall_seconds = stall_seconds
         self._clock = clock
         self._parts: dict[int, _Partition] = {}
+        # partition → the lowest offset not yet in a checkpoint (None: all are)
+        self.floor: Callable[[int], int | None] | None = None
 
     def reset(self) -> None:
         """A new assignment: every partition must be anchored again before use."""
@@ -121,6 +125,11 @@ class OffsetGuard:
         return lost
 
     def commit_limit(self, partition: int) -> int | None:
-        """The highest offset that may be committed (None: commit nothing yet)."""
+        """The highest offset that may be committed (None: commit nothing yet): what
+        the detectors saw, and no further than ``floor`` allows (the first sample some
+        job's engine folded in but has not checkpointed yet)."""
         part = self._parts.get(partition)
-        return None if part is None else part.expected
+        if part is None:
+            return None
+        held = self.floor(partition) if self.floor is not None else None
+        return part.expected if held is None else min(part.expected, held)

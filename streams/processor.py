@@ -33,6 +33,9 @@ from streams.metrics import WorkerMetrics
 from streams.state_codec import decode_state, encode_state
 
 
+SOURCE_OFFSETS = "source_offsets"  # checkpoint key: partition → next offset folded in
+
+
 class Message(Protocol):
     """Where a delivered sample came from (Faust's ``event.message``)."""
 
@@ -78,6 +81,11 @@ class BatchProcessor:
         self.deadletters = 0
         self.readings_dropped = 0
         self.moves = NodeMoves()  # a node reporting under another job left its old one
+        # job → partition → the next offset its engine has folded in (kept in its
+        # checkpoint): a sample below it was in the engine's state already
+        self.folded: dict[str, dict[int, int]] = {}
+        # partition → job → the first offset folded in since the job's last checkpoint
+        self.unsaved: dict[int, dict[str, int]] = defaultdict(dict)
 
     def engine_for(self, job: str) -> JobEngine:
         """The job's live engine, recovered from its last checkpoint when not live."""
@@ -85,18 +93,32 @@ class BatchProcessor:
         if engine is None:
             state = decode_state(self.checkpoints.get(job.encode()))
             engine = self.live[job] = JobEngine(job, self.cfg.detect, state)
+            self.folded[job] = {int(p): int(o) for p, o in
+                                ((state or {}).get(SOURCE_OFFSETS) or {}).items()}
             self.metrics.jobs.set(len(self.live))
         return engine
 
     def checkpoint(self, engine: JobEngine) -> None:
-        """Write the engine's state to the checkpoint store."""
-        blob = encode_state(engine.to_state())
+        """Write the engine's state, with the offsets it has folded in, to the
+        checkpoint store; the commit may then pass them."""
+        state = engine.to_state()
+        state[SOURCE_OFFSETS] = {str(p): o for p, o in self.folded.get(engine.job, {}).items()}
+        blob = encode_state(state)
         self.metrics.checkpoint_bytes.observe(len(blob))
         self.checkpoints[engine.job.encode()] = blob
+        for jobs in self.unsaved.values():
+            jobs.pop(engine.job, None)
+
+    def commit_floor(self, partition: int) -> int | None:
+        """The lowest offset of ``partition`` some engine folded in but has not
+        checkpointed (None: none): commits stop there, so a crash loses no sample
+        from any job's state (``streams.offsets.OffsetGuard.floor``)."""
+        jobs = self.unsaved.get(partition)
+        return min(jobs.values()) if jobs else None
 
     async def handle(self, admitted: list[Delivered]) -> None:
         """One batch of samples the offset guard admitted, in partition order."""
-        by_job: dict[str, list[Sample]] = defaultdict(list)
+        by_job: dict[str, list[tuple[Sample, int, int]]] = defaultdict(list)
         moved: list[tuple[str, str]] = []  # (old job, node) of nodes that changed jobs
         newest_append = 0.0
         good = 0
@@ -117,7 +139,10 @@ class BatchProcessor:
             if left is not None:
                 moved.append((left, sample["node"]))
             if sample["job"]:
-                by_job[sample["job"]].append(sample)
+                self.engine_for(sample["job"])  # its folded offsets come with it
+                if msg.offset < self.folded[sample["job"]].get(msg.partition, -1):
+                    continue  # in the engine's checkpointed state already
+                by_job[sample["job"]].append((sample, msg.partition, msg.offset))
         self.metrics.samples.inc(good)  # once a batch: a counter's lock costs per call
         for (metric, reason), count in Counter((d.metric, d.reason) for d in dropped).items():
             self.metrics.readings_dropped.labels(metric, reason).inc(count)
@@ -129,17 +154,20 @@ class BatchProcessor:
             if job in self.live:
                 self.live[job].node_left(node)
 
-    async def _job_batch(self, job: str, samples: list[Sample],
+    async def _job_batch(self, job: str, samples: list[tuple[Sample, int, int]],
                          newest_append: float) -> None:
         engine = self.engine_for(job)
+        folded = self.folded[job]
         late_before, step_before = engine.late, engine.next_bin
         found: list[Detection] = []
         # in arrival order, each sample followed by the steps it closes, exactly as
         # ``vigil replay`` does: what the engine decides must not depend on where a
         # batch happened to end (a restarted worker's batches end elsewhere)
-        for sample in samples:
+        for sample, partition, offset in samples:
             found.extend(engine.ingest(sample))
             found.extend(engine.advance())
+            folded[partition] = offset + 1
+            self.unsaved[partition].setdefault(job, offset)
         self.metrics.late.inc(engine.late - late_before)
         for det in found:
             self.metrics.detections.labels(det["kind"], det["state"]).inc()
