@@ -32,7 +32,6 @@ from streams.decode import decode_sample_fast
 from streams.metrics import WorkerMetrics
 from streams.state_codec import decode_state, encode_state
 
-
 SOURCE_OFFSETS = "source_offsets"  # checkpoint key: partition → next offset folded in
 
 
