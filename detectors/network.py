@@ -21,6 +21,7 @@ BITS_PER_BYTE = 8.0
 GPU_READS = ("sm_active", "tensor_active")
 NIC_READS = ("ib_tx", "ib_rx", "ib_rate")
 HYSTERESIS = 0.1  # an open condition holds on thresholds this share looser
+SILENT = 0.05  # link use below this: no collective traffic at all (a pause)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ def find_network_bound(view: WindowView, p: NetworkParams, open_now: bool = Fals
         link_use = (view.nic("ib_tx")[:, recent] + view.nic("ib_rx")[:, recent]) / 2 / rate
     comm = nanmedian(link_use, axis=0)
     with np.errstate(invalid="ignore"):
+        if open_now and int(np.sum(comm < SILENT)) >= p.need_bins:
+            # a checkpoint or evaluation pause: the fabric is silent, which says
+            # nothing about the phase the job returns to; the condition holds
+            return [Finding("network_bound", None, None, "info", ("ib_tx", "ib_rx"), 0.0,
+                            "Job is network-bound (held through a pause: the fabric is "
+                            "silent).", view.bin_start(0, p.of_bins), {"held": True})]
         if int(np.sum(comm >= p.link_share)) < p.need_bins:  # the usual step: not busy
             return []
     sm = nanmedian(view.activity()[:, recent], axis=0)

@@ -14,8 +14,9 @@ reading that beats with a long step averages out) is compared with its own
 healthy level: the upper quartile of its levels over the last ten minutes
 (``HISTORY_BINS``), frozen while an inflation is open so a slow level never
 becomes the norm (for up to ``MAX_RUN_BINS``: a job that changed its batch size
-has a new normal). A pause (checkpoint, evaluation: below ``PHASE_FLOOR`` of it)
-is skipped, not counted, and step-to-step jitter is far below the
+has a new normal). A pause (checkpoint, evaluation: the duty cycle below
+``PHASE_FLOOR`` of it, or NVLink traffic below ``TRAFFIC_FLOOR`` of its own, as
+no gradients flow) is skipped, not counted, and step-to-step jitter is far below the
 ``MIN_INFLATION`` it takes. Only an inflation
 that lasts, while no other finding of the job explains it (a straggler, a link or
 network fault, a hang, a throttled GPU, load imbalance), is a finding: for
@@ -43,7 +44,7 @@ from detectors.findings import Finding, fmt
 from detectors.robust import nanmedian
 from detectors.window import WindowView
 
-GPU_READS = ("tensor_active", "sm_active", "gpu_util")
+GPU_READS = ("tensor_active", "sm_active", "gpu_util", "nvlink_tx")
 NIC_READS: tuple[str, ...] = ()
 MIN_INFLATION = 0.10  # steps this much longer than healthy
 SUSTAIN_BINS = 4  # for this many bins in a row (20 s at 5 s bins) with a suspect node
@@ -53,6 +54,7 @@ HISTORY_BINS = 120  # the job's levels kept (10 min at 5 s bins) ...
 HEALTHY_QUANTILE = 0.75  # ... whose upper quartile is its healthy level ...
 MIN_HISTORY_BINS = 12  # ... once it has this many
 MAX_RUN_BINS = 360  # after 30 min a slower level is the job's new normal
+TRAFFIC_FLOOR = 0.5  # NVLink traffic below this share of healthy: a pause, not steps
 IDLE_MARGIN = 0.05  # a node's GPUs this much less utilised than the job's: idle
 EXPLAINING = frozenset({"straggler", "link_health", "network_bound", "hang",
                         "load_imbalance", "node_silent"})
@@ -72,9 +74,13 @@ def find_slowdown(view: WindowView, others: list[Finding],
     recent: list[float] = memory.setdefault("recent", [])
     history_now: list[float] = memory.get("history", [])
     reference = memory.get("baseline") or (max(history_now) if history_now else None)
-    if level is not None and (reference is None or level >= PHASE_FLOOR * reference):
-        recent.append(round(level, 5))  # a pause (below the floor) is left out
-        del recent[:-RECENT_BINS]
+    if level is None or _quiet_fabric(view, memory) or (
+            reference is not None and level < PHASE_FLOOR * reference):
+        # a pause (checkpoint, evaluation: the gradients stop flowing, or the duty
+        # cycle falls below the floor) is neither evidence nor a new level
+        return _open(view, memory, float(reference or 0.0), float(level or 0.0))
+    recent.append(round(level, 5))
+    del recent[:-RECENT_BINS]
     if len(recent) < RECENT_BINS // 2:
         return []
     now = statistics.fmean(recent)
@@ -122,6 +128,26 @@ def _open(view: WindowView, memory: dict[str, Any], healthy: float, now: float
                                 **cost_fields(len(view.gpus), inflation, "baseline")}
     return [Finding("slowdown", None, None, "warning", (str(memory["metric"]), "gpu_util"),
                     inflation, summary, float(memory["since"]), evidence, fire_after=1)]
+
+
+def _quiet_fabric(view: WindowView, memory: dict[str, Any]) -> bool:
+    """Whether the job's NVLink traffic fell below ``TRAFFIC_FLOOR`` of its healthy
+    level this bin: steps that merely take longer still exchange their gradients
+    every step (a fifth less often, for a fifth longer steps); an evaluation pass or
+    a checkpoint exchanges none. The healthy level is the upper quartile of the
+    traffic of bins that were not quiet."""
+    traffic = view.gpu("nvlink_tx")[:, -1]
+    if np.isnan(traffic).all():
+        return False
+    now = float(nanmedian(traffic, axis=0))
+    history: list[float] = memory.setdefault("traffic", [])
+    healthy = (float(np.quantile(history, HEALTHY_QUANTILE))
+               if len(history) >= MIN_HISTORY_BINS else None)
+    if healthy is not None and healthy > 0 and now < TRAFFIC_FLOOR * healthy:
+        return True
+    history.append(round(now, 1))
+    del history[:-HISTORY_BINS]
+    return False
 
 
 def _candidates(view: WindowView) -> list[dict[str, Any]]:

@@ -48,8 +48,8 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 def test_a_worker_killed_mid_trace_publishes_what_replay_gives(
         isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path) -> None:
-    samples = list(Simulator(Cluster(JOBS, FAULTS, skew_seconds=3.0, loss=0.01, reorder_seconds=2.0),
-                               START, seed=6).samples(SECONDS))
+    cluster = Cluster(JOBS, FAULTS, skew_seconds=3.0, loss=0.01, reorder_seconds=2.0)
+    samples = list(Simulator(cluster, START, seed=6).samples(SECONDS))
     runner = ReplayRunner(isolated_cfg.detect)
     expected = _keys([d for s in samples for d in runner.feed(s)])
     kinds = {k[1] for k in expected}
