@@ -53,7 +53,10 @@ def plan(det: Detection, cfg: AlerterConfig) -> tuple[str, float] | None:
             return "drain_and_replace", cfg.confirm_seconds
         if cause == "reset":
             return "reset_gpu", cfg.confirm_seconds
-    if det["kind"] == "straggler":
+    # a straggler nothing but busy time speaks for (no work counter, no clock
+    # signature) cannot be told from more work: never acted on automatically;
+    # load_imbalance and slowdown are the job's own, never the hardware's
+    if det["kind"] == "straggler" and det["evidence"].get("remediable", True):
         return "cordon", max(cfg.confirm_seconds, cfg.straggler_cordon_after_seconds)
     return None
 
