@@ -103,8 +103,11 @@ def find_slowdown(view: WindowView, others: list[Finding],
     assert healthy is not None  # an inflation needs a healthy level
     memory["baseline"] = healthy
     memory.setdefault("since", view.bin_start(0, 1))
-    memory["run"] = int(memory.get("run", 0)) + 1
-    memory["inflation"] = inflation
+    memory["run"] = run = int(memory.get("run", 0)) + 1
+    # the cost: the bins since the run began only (the minute's mean that opened it
+    # still holds bins from before the onset, and reads low)
+    since_run = statistics.fmean(recent[-min(run, len(recent)):])
+    memory["inflation"] = healthy / since_run - 1.0 if since_run > 0 else inflation
     return _open(view, memory, float(healthy), now)
 
 
