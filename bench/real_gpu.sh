@@ -12,7 +12,9 @@
 #   - `nvidia-smi --query-gpu` every second and `nvidia-smi dmon`,
 # and makes real changes on a schedule (each is logged with its exit status; one the
 # machine refuses is skipped): a lower power limit, locked lower SM clocks, a second
-# process competing for the GPU, and a pause of the training loop. Then it reports:
+# process competing for the GPU, a pause of the training loop, the memory clock locked
+# low (a stall at the same SM clock) and a second process with a 20 % larger batch
+# (more work). Then it reports:
 #   - every reading against nvidia-smi (units, scale, GPM availability, clocks-event reasons),
 #   - µs per NVML call and the agent's CPU on the real driver,
 #   - Moneo's adaptive sampling on the real trace (bench_sampling.py --trace),
@@ -57,6 +59,14 @@ read -r PMIN PDEF < <(nvidia-smi -i 0 --query-gpu=power.min_limit,power.default_
   $PY bench/gpu_train.py --compete --seconds $((SECONDS_TOTAL / 10)) >> "$OUTDIR/train.log" 2>&1
   at 30;  log "pause training"; kill -STOP $TRAIN
   at 30;  log "resume training"; kill -CONT $TRAIN
+  # issue #28: a stall at the same SM clock (the memory clock lowered), then more work
+  # (a second process with a 20 % larger batch): the work rate must tell them apart
+  read -r MCLK < <(nvidia-smi -i 0 --query-supported-clocks=mem --format=csv,noheader,nounits \
+    | tr -d ' ' | sort -n | head -1)
+  at 30;  log "lock memory clock ${MCLK} MHz: rc $(nvidia-smi -i 0 -lmc "$MCLK" >/dev/null 2>&1; echo $?)"
+  at 30;  log "unlock memory clock: rc $(nvidia-smi -i 0 -rmc >/dev/null 2>&1; echo $?)"
+  at 10;  log "larger batch (+20 %) for $((SECONDS_TOTAL / 20)) s"
+  $PY bench/gpu_train.py --batch 19 --seconds $((SECONDS_TOTAL / 20)) >> "$OUTDIR/train.log" 2>&1
 ) & SCHEDULE=$!
 
 # the agent's CPU over the run, from /proc (utime + stime, clock ticks)
@@ -64,7 +74,7 @@ cpu() { awk '{print $14 + $15}' "/proc/$AGENT/stat" 2>/dev/null || echo 0; }
 C0=$(cpu); T0=$(date +%s.%N)
 wait $TRAIN
 C1=$(cpu); T1=$(date +%s.%N)
-kill $SCHEDULE 2>/dev/null; nvidia-smi -i 0 -rgc >/dev/null 2>&1; nvidia-smi -i 0 -pl "${PDEF%.*}" >/dev/null 2>&1
+kill $SCHEDULE 2>/dev/null; nvidia-smi -i 0 -rgc >/dev/null 2>&1; nvidia-smi -i 0 -rmc >/dev/null 2>&1; nvidia-smi -i 0 -pl "${PDEF%.*}" >/dev/null 2>&1
 RSS=$(awk '/VmHWM/ {print $2}' "/proc/$AGENT/status" 2>/dev/null)
 kill -TERM $AGENT; wait $AGENT; kill $SMI $DMON 2>/dev/null
 HZ=$(getconf CLK_TCK)
@@ -93,6 +103,9 @@ print(f"{sum(found.values())} firing detections; health/link (must be 0):",
 for (kind, summary), n in found.most_common():
     print(f"  {n:4d}  {kind}: {summary}")
 PYEOF
+  echo '```'
+  echo; echo "## Work against busy time (issue #28)"; echo; echo '```'
+  $PY bench/real_gpu_check.py phases "$OUTDIR/events.log" "$OUTDIR/trace.jsonl"
   echo '```'
 } > "$OUTDIR/summary.md" 2>&1
 gzip -9 -c "$OUTDIR/trace.jsonl" > "$OUTDIR/trace.jsonl.gz"

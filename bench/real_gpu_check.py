@@ -2,6 +2,7 @@
 
     python3 bench/real_gpu_check.py calls [--ticks 50]     # µs per NVML call, ms per tick
     python3 bench/real_gpu_check.py compare TRACE SMI_CSV DMON   # agent vs nvidia-smi
+    python3 bench/real_gpu_check.py phases EVENTS_LOG TRACE     # work against busy time
 
 ``calls`` times every NVML call the source makes on the real driver (a timing proxy
 around pynvml) and the agent's CPU per tick. ``compare`` pairs each agent sample of a
@@ -9,7 +10,11 @@ full-rate trace (``VIGIL_AGENT_ADAPTIVE=false vigil agent --out TRACE``) with th
 ``nvidia-smi --query-gpu`` row and ``nvidia-smi dmon`` line nearest in time, GPU by
 UUID, and prints per metric the median agent/nvidia-smi ratio: a unit or scale error
 (mW for W, % for a ratio, MiB for bytes, KB/s for B/s) shows as a ratio far from 1.
-Both print Markdown tables.
+``phases`` splits the trace at the schedule's events and prints, per phase, GPU 0's
+busy time (SM activity), work rate (``tensor_active × sm_clock``) and work per busy
+second (issue #28): a stall at the same SM clock (the memory clock locked low) should
+lower work per busy second; more work (a larger batch) should raise busy time and
+work together. All print Markdown tables.
 """
 
 from __future__ import annotations
@@ -194,6 +199,31 @@ def compare(trace: Path, smi: Path, dmon: Path) -> None:
     _table("against nvidia-smi dmon (1 s means, MB/s)", dmon_pairs, lambda m: False)
 
 
+def phases(events: Path, trace: Path) -> None:
+    """GPU 0's busy time, work rate and work per busy second between the events."""
+    import datetime
+    import json
+
+    marks = [(line[:8], line[9:].strip()) for line in events.read_text().splitlines()
+             if line[:2].isdigit()] + [("99:99:99", "end")]
+    rows = []
+    for line in trace.read_text().splitlines():
+        sample = json.loads(line)
+        gpu = sample["gpus"].get("0", {})
+        if {"sm_active", "tensor_active", "sm_clock"} <= gpu.keys():
+            at = datetime.datetime.fromtimestamp(sample["ts"], datetime.UTC).strftime("%H:%M:%S")
+            rows.append((at, gpu["sm_active"], gpu["tensor_active"] * gpu["sm_clock"]))
+    print("| from | event | samples | busy | work (tensor × MHz) | work per busy |")
+    print("|---|---|---|---|---|---|")
+    for (start, what), (end, _) in zip(marks, marks[1:], strict=False):
+        phase = [(busy, work) for at, busy, work in rows if start <= at < end]
+        if len(phase) >= 3:
+            busy = statistics.fmean(b for b, _ in phase)
+            work = statistics.fmean(w for _, w in phase)
+            print(f"| {start} | {what[:48]} | {len(phase)} | {busy:.3f} | {work:.1f} | "
+                  f"{work / max(busy, 1e-6):.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -206,9 +236,14 @@ def main() -> None:
     cmp_.add_argument("trace", type=Path)
     cmp_.add_argument("smi", type=Path)
     cmp_.add_argument("dmon", type=Path)
+    ph = sub.add_parser("phases")
+    ph.add_argument("events", type=Path)
+    ph.add_argument("trace", type=Path)
     args = parser.parse_args()
     if args.what == "calls":
         calls(args.ticks, args.interval)
+    elif args.what == "phases":
+        phases(args.events, args.trace)
     else:
         compare(args.trace, args.smi, args.dmon)
 
