@@ -90,6 +90,9 @@ class PeerLevel:
     # shrinking job) barely moves, where the plain median of unlike peers (pipeline
     # stages) jumps
     recenter: bool = False
+    # metrics × streams: where False, this bin's departure may count against a fault
+    # but never for one (learning goes on as usual); None: no gate
+    gate: NDArray[np.bool_] | None = None
 
 
 @dataclass
@@ -229,6 +232,10 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     # that carried hot experts from the start and has lost them
     below = np.where(training, np.nan, departure) / scale
     z = residual / scale
+    if any(c.level.gate is not None for c in live):
+        gate = _joined([c.level.gate if c.level.gate is not None
+                        else np.ones(c.level.valid.shape, dtype=bool) for c in live])
+        z = np.where(gate, z, np.fmin(z, 0.0))
     if not comparable:  # the sums hold
         z = below = np.full(residual.shape, np.nan)
     toward = spec.direction[:, None]

@@ -21,14 +21,15 @@ the peers' median:
 - ``x``, the busy excess (``sm_active``);
 - ``y``, the work excess (``mma_cycles_active``, else ``tensor_active × sm_clock``,
   else ``dram_active × mem_clock`` where the job does little tensor work);
-- the *slowness* ``s = min(e, x)``, where ``e`` is the stream's busy time per unit
-  of work, ``log(busy / work)``, over its peers' median of the same: busy time not
-  explained by work, and only while the stream is busier than its peers. A GPU
-  level with its peers, or below them, adds no evidence, whatever its power or
-  DRAM readings.
+- the *slowness* ``e``: the stream's busy time per unit of work, ``log(busy /
+  work)``, over its peers' median of the same: busy time not explained by work. It
+  counts as evidence only in a bin where the stream is busier than its peers
+  (``x > 0``): a GPU level with its peers, or below them, adds none, whatever its
+  power or DRAM readings. (Its normal offset is learned from every bin: learning
+  only from the busier ones would bias it by the busy time's own noise.)
 - the *load* ``ℓ = min(x, y)``: busier *and* doing more: workload, reported as
   ``load_imbalance`` (info, never a fault);
-- the *clock deficit* ``min(log(peer clock / clock), x)``: a lower SM clock, again
+- the *clock deficit* ``log(peer clock / clock)``: a lower SM clock, again evidence
   only while busier. The clock is read apart from the activity counters (no shared
   window noise), so it is a second, independent witness of a throttled GPU, and
   lets one be found in two bins.
@@ -165,6 +166,7 @@ class _Readings:
     peer_clock: Array
     stats: Array  # STATS × streams
     valid: NDArray[np.bool_]  # STATS × streams
+    gate: NDArray[np.bool_]  # STATS × streams: may count for a fault this bin
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
@@ -332,23 +334,29 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.log(busy / peer_busy)
         y = np.log(work / peer_work)
-        lower_clock = np.fmin(np.log(peer_clock / clock), x)
+        lower_clock = np.log(peer_clock / clock)
+        busier = x > 0
     compared = enough & (peer_busy >= MIN_BUSY) & (busy > 0)
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)
     else:
-        slowness, load = np.fmin(per_work, x), np.fmin(x, y)
+        slowness, load = per_work, np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
     stats = np.stack([slowness, load, lower_clock])
     valid = compared[None, :] & ~np.isnan(stats)
+    # slowness and a lower clock count as evidence only in a bin where the stream is
+    # busier than its peers (what they learn, their normal offset, comes from every
+    # bin: gating it would bias it by the busy time's own noise)
+    gate = np.stack([busier, np.ones(x.shape, dtype=bool), busier])
     return _Readings(keys, busy, peer_busy, work, peer_work, clock, peer_clock,
-                     np.where(valid, stats, np.nan), valid)
+                     np.where(valid, stats, np.nan), valid, gate)
 
 
 def _peer_level(r: _Readings, cap: float, recenter: bool) -> PeerLevel:
     """The statistics as a level of the sequential test (their peers' level is 0 in
     log units; offsets are capped at ``cap``)."""
-    return PeerLevel(r.keys, r.stats, r.valid, np.ones(r.stats.shape), cap, recenter=recenter)
+    return PeerLevel(r.keys, r.stats, r.valid, np.ones(r.stats.shape), cap, recenter=recenter,
+                     gate=r.gate)
 
 
 def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
