@@ -25,7 +25,8 @@ COMMUNICATING_NVLINK = 1e9  # bytes/s: the node's median GPU is moving data
 NVLINK_ABS_FLOOR = COMMUNICATING_NVLINK / 10  # the scale of NVLink's scores: at least
 NVLINK_REL_FLOOR = 0.05  # this, and this share of the node's median
 WAIT_FLOOR = 0.25  # the scale of back-pressure scores (log10 of ticks/s): at least this
-GPU_READS = ("sm_active", "tensor_active", "pcie_gen", "pcie_width", "nvlink_tx")
+GPU_READS = ("sm_active", "tensor_active", "pcie_gen", "pcie_width", "pcie_replay",
+             "nvlink_tx", "nvlink_total")
 NIC_READS = ("ib_rate", "ib_errors", "ib_xmit_wait")
 
 
@@ -37,6 +38,9 @@ class LinkParams:
     need_bins: int = 3
     of_bins: int = 4
     errors_per_window: float = 10.0  # rise of ib_errors over the last ``of_bins`` bins
+    # PCIe replays over the last ``of_bins`` bins: a few are routine, a link that
+    # replays this often is failing its transfers (a bad riser, a marginal slot)
+    replays_per_window: float = 100.0
 
 
 def find_link_faults(view: WindowView, p: LinkParams) -> list[Finding]:
@@ -45,6 +49,7 @@ def find_link_faults(view: WindowView, p: LinkParams) -> list[Finding]:
         return []
     causes: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
     _pcie(view, p, causes)
+    _pcie_replays(view, p, causes)
     _nvlink(view, p, causes)
     _infiniband(view, p, causes)
     findings = []
@@ -120,8 +125,28 @@ def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]
                       f"{value:.0f} under load vs peers' {peer:.0f}")
 
 
+def _pcie_replays(view: WindowView, p: LinkParams,
+                  causes: dict[Any, list[dict[str, Any]]]) -> None:
+    """A GPU whose PCIe replay counter rose by ``replays_per_window`` or more over the
+    last ``of_bins`` bins. The counter is cumulative: only a rise seen while watching
+    counts, never the count it had when Vigil first saw it."""
+    replays = view.gpu("pcie_replay")[:, -p.of_bins:]
+    if np.isnan(replays).all():
+        return
+    rise = (np.fmax.reduce(replays, axis=1, initial=-np.inf)
+            - np.fmin.reduce(replays, axis=1, initial=np.inf))
+    for i in np.nonzero(np.isfinite(rise) & (rise >= p.replays_per_window))[0]:
+        node, gpu = view.gpus[i]
+        _add(causes, (node, gpu), metric="pcie_replay", value=float(rise[i]),
+             score=float(rise[i]) / p.replays_per_window, first=_rise_began(replays[i]),
+             text=f"PCIe replays rose by {rise[i]:.0f} in "
+                  f"{p.of_bins * view.bin_seconds:.0f}s")
+
+
 def _nvlink(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
-    cube = view.per_node("nvlink_tx", last=p.of_bins)
+    # exporters that do not split NVLink traffic by direction give its total
+    metric = "nvlink_tx" if not np.isnan(view.gpu("nvlink_tx")).all() else "nvlink_total"
+    cube = view.per_node(metric, last=p.of_bins)
     if _calm_nodes(cube, p.z):  # the usual step: no GPU can be far from its node's median
         return
     busy = nanmedian(cube, axis=1) > COMMUNICATING_NVLINK  # nodes × bins
@@ -132,7 +157,7 @@ def _nvlink(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, An
         node, gpu = view.gpu_at(int(n), int(slot))
         value = float(np.nanmedian(cube[n, slot]))
         peer = float(np.nanmedian(cube[n]))
-        _add(causes, (node, gpu), metric="nvlink_tx", value=value, peer_median=peer,
+        _add(causes, (node, gpu), metric=metric, value=value, peer_median=peer,
              score=float(-test.score[n, slot]), first=int(test.first[n, slot]),
              text=f"NVLink moves {fmt(value, 'bytes/s')} vs node peers' {fmt(peer, 'bytes/s')}")
 
