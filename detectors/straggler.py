@@ -364,7 +364,8 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
     """A straggler (slowness passed) or a load imbalance (load alone passed)."""
     i = r.keys.index(node if gpu is None else f"{node}/{gpu}")
     busy, peer_busy = float(r.busy[i]), float(r.peer_busy[i])
-    work_ratio = float(r.work[i] / r.peer_work[i]) if basis is not None else math.nan
+    work, peer_work = float(r.work[i]), float(r.peer_work[i])
+    work_ratio = work / peer_work if basis is not None and peer_work > 0 else math.nan
     clock, peer_clock = float(r.clock[i]), float(r.peer_clock[i])
     slow = [d for d in devs if d.metric in SLOW_STATS]
     dev = slow[0] if slow else devs[0]
@@ -385,7 +386,7 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
         "deviations": [{"metric": m, "value": _rounded(v), "peer_median": _rounded(p),
                         "z": None if math.isnan(dev.z) else round(dev.z, 2)}
                        for m, v, p in ((BUSY, busy, peer_busy),
-                                       (basis, float(r.work[i]), float(r.peer_work[i])))
+                                       (basis, work, peer_work))
                        if m is not None],
     }
     if slow:
