@@ -343,7 +343,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         slowness, load = per_work, np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
     stats = np.stack([slowness, load, lower_clock])
-    valid = compared[None, :] & ~np.isnan(stats)
+    valid = compared[None, :] & np.isfinite(stats)  # a zero reading: no ratio to take
     # slowness and a lower clock count as evidence only in a bin where the stream is
     # busier than its peers (what they learn, their normal offset, comes from every
     # bin: gating it would bias it by the busy time's own noise)
