@@ -114,21 +114,29 @@ class JobEngine:
             return []
         closed = self.window.bin_of(self.max_ts - self.cfg.grace_seconds)  # first open bin
         out: list[Detection] = []
-        if closed - self.next_bin > self.window_bins:  # a long gap: skip empty bins
-            # ... but never bins that hold data: the straggler test is sequential and
-            # learns from every bin (a worker's first batch may hold minutes of them)
-            skip_to = closed - self.window_bins
-            first = self.window.first_bin_from(self.next_bin)
-            self.next_bin = skip_to if first is None else min(first, skip_to)
+        self._skip_gap(closed)
         if self.next_bin >= closed:
             return out
         while self.next_bin < closed:
             self.window.seal(self.next_bin)  # closed: no sample enters it any more
             out.extend(self._evaluate(self.next_bin))
             self.next_bin += 1
+            self._skip_gap(closed)  # data, then a long gap (a clock far off), then data
         self.window.drop_before(self.next_bin - self.window_bins)
         self.held.forget_before(self.max_ts - self.cfg.held_seconds)
         return out
+
+    def _skip_gap(self, closed: int) -> None:
+        """Over a long gap, move ``next_bin`` past the empty bins to the window before
+        ``closed``, but never past a bin that holds data: the straggler test is
+        sequential and learns from every bin (a worker's first batch may hold minutes
+        of them). Checked after each bin too: one sample from a clock years off must
+        not make the engine walk every empty bin in between."""
+        assert self.next_bin is not None
+        if closed - self.next_bin > self.window_bins:
+            skip_to = closed - self.window_bins
+            first = self.window.first_bin_from(self.next_bin)
+            self.next_bin = skip_to if first is None else min(first, skip_to)
 
     def heat(self, metrics: tuple[str, ...]) -> dict[str, list[float | None]]:
         """``"node/gpu"`` → the last evaluated bin's mean of each metric (None: no

@@ -46,6 +46,7 @@ from streams.metrics import WorkerMetrics
 from streams.processor import BatchProcessor
 
 log = logging.getLogger(__name__)
+QUIET_CHECKPOINT_SECONDS = 2.0  # a job with no batch this long is checkpointed
 CHANGELOG_MAX_BYTES = 32 << 20
 
 
@@ -197,6 +198,11 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
             await continuity.watch()
         except Exception as exc:
             log.warning("offset watch failed, retrying in 1 s: %r", exc)
+
+    @app.timer(interval=1.0)
+    async def checkpoint_quiet() -> None:
+        # a job that stopped sending must not hold the commit back (commit_floor)
+        processor.checkpoint_quiet(QUIET_CHECKPOINT_SECONDS)
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:

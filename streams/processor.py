@@ -85,6 +85,8 @@ class BatchProcessor:
         self.folded: dict[str, dict[int, int]] = {}
         # partition → job → the first offset folded in since the job's last checkpoint
         self.unsaved: dict[int, dict[str, int]] = defaultdict(dict)
+        self.last_batch: dict[str, float] = {}  # job → when its last batch ended (monotonic)
+        self.in_batch: str | None = None  # the job whose batch is being handled
 
     def engine_for(self, job: str) -> JobEngine:
         """The job's live engine, recovered from its last checkpoint when not live."""
@@ -107,6 +109,24 @@ class BatchProcessor:
         self.checkpoints[engine.job.encode()] = blob
         for jobs in self.unsaved.values():
             jobs.pop(engine.job, None)
+
+    def checkpoint_quiet(self, quiet_seconds: float, now: float | None = None) -> int:
+        """Checkpoint every engine holding samples no checkpoint has, whose job has
+        had no batch for ``quiet_seconds``: a job that stops sending would otherwise
+        hold the commit back (``commit_floor``) until it sends again. Never one whose
+        batch is under way (its detections are sent before its checkpoint). Returns
+        how many were written."""
+        now = time.monotonic() if now is None else now
+        waiting = {job for jobs in self.unsaved.values() for job in jobs}
+        written = 0
+        for job in sorted(waiting):
+            engine = self.live.get(job)
+            if (engine is not None and job != self.in_batch
+                    and now - self.last_batch.get(job, now) >= quiet_seconds):
+                self.checkpoint(engine)
+                self.since_checkpoint[job] = 0
+                written += 1
+        return written
 
     def commit_floor(self, partition: int) -> int | None:
         """The lowest offset of ``partition`` some engine folded in but has not
@@ -156,6 +176,15 @@ class BatchProcessor:
     async def _job_batch(self, job: str, samples: list[tuple[Sample, int, int]],
                          newest_append: float) -> None:
         engine = self.engine_for(job)
+        self.in_batch = job
+        try:
+            await self._fold(job, engine, samples, newest_append)
+        finally:
+            self.in_batch = None
+            self.last_batch[job] = time.monotonic()
+
+    async def _fold(self, job: str, engine: JobEngine, samples: list[tuple[Sample, int, int]],
+                    newest_append: float) -> None:
         folded = self.folded[job]
         late_before, step_before = engine.late, engine.next_bin
         found: list[Detection] = []

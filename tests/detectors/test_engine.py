@@ -171,3 +171,16 @@ def test_robust_z_flags_one_outlier_and_ignores_the_rest(peers: list[float], whe
     with_nan[(where + 1) % len(values)] = np.nan
     z2, _, _ = robust_z(with_nan.reshape(-1, 1), abs_floor=0.015)
     assert np.isnan(z2[(where + 1) % len(values), 0]) and abs(z2[where, 0]) > 4
+
+
+def test_a_sample_years_away_does_not_walk_every_empty_bin_between() -> None:
+    """A clock far off (ts 1 s, then today) must not make the engine evaluate the
+    hundreds of millions of empty bins in between: it skips to the newest window."""
+    from detectors.engine import ReplayRunner as Runner
+
+    runner = Runner(DetectConfig())
+    for ts in (1.0, 1.5, START, START + 10.0, START + 20.0):
+        runner.feed({"schema": "vigil.sample/1", "ts": ts, "job": "j", "node": "n",
+                     "gpus": {"0": {"power": 3.0}}, "host": {}, "nics": {}})
+    engine = runner.engines["j"]
+    assert engine.next_bin is not None and engine.next_bin * CFG.bin_seconds > START - 3600

@@ -190,3 +190,19 @@ def test_commits_stop_at_the_first_sample_a_checkpoint_lacks_and_a_restart_skips
     after = [d for kind, d in journal.log if kind == "detection"][len(before):]
     seen = {(d["id"], d["state"], d["detected_at"]) for d in before + after}
     assert seen == {(d["id"], d["state"], d["detected_at"]) for d in expected}
+
+
+def test_a_job_that_stops_sending_is_checkpointed_so_the_commit_can_catch_up() -> None:
+    journal = _Journal()
+    processor = _processor(journal)
+    for batch in _batches(size=37):
+        asyncio.run(processor.handle(batch))
+        if processor.commit_floor(0) is not None:
+            break
+    assert processor.commit_floor(0) is not None  # samples in no checkpoint yet
+    ended = processor.last_batch["proc-job"]
+    assert processor.checkpoint_quiet(2.0, now=ended + 1.0) == 0  # not quiet long enough
+    assert processor.checkpoint_quiet(2.0, now=ended + 2.5) == 1
+    assert processor.commit_floor(0) is None
+    saved = decode_state(journal.store[b"proc-job"])["source_offsets"]["0"]
+    assert saved == batch[-1].message.offset + 1
