@@ -61,6 +61,8 @@ def main() -> int:
     with ProcessPoolExecutor(args.procs) as pool:
         for result in pool.map(_run, tasks):
             done.append(result)
+            for line in result["alarms"]:  # as they come: a long run can be read early
+                print("  " + line[:220], flush=True)
             hours = sum(r["gpu_hours"] for r in done)
             print(f"[{time.time() - began:6.0f}s] {len(done)}/{len(tasks)} jobs, "
                   f"{hours:,.0f} GPU-hours, {sum(len(r['alarms']) for r in done)} alarms",
@@ -81,8 +83,6 @@ def main() -> int:
     print(f"false alarms: {len(alarms)} {dict(kinds)}; "
           f"{1000 * len(alarms) / gpu_days:.2f} per 1,000 GPU-days, "
           f"95 % upper bound {1000 * upper / gpu_days:.2f}")
-    for line in alarms:
-        print("  " + line[:220])
     return 0
 
 
