@@ -96,7 +96,7 @@ def build_executor(cfg: Config) -> Executor:
     """The configured remediation executor."""
     a = cfg.alerter
     if a.remediation_executor == "slurm":
-        return SlurmExecutor()
+        return SlurmExecutor(slurm_conf=a.slurm_conf)
     if a.remediation_executor == "kubernetes":
         return KubernetesExecutor(a.kubernetes_api, a.kubernetes_token, a.kubernetes_ca_file)
     if a.remediation_executor == "command":
@@ -126,8 +126,11 @@ def build_remediator(cfg: Config, state: LiveState,
     def is_open(det: Detection) -> bool:
         return any(d["id"] == det["id"] for d in state.open_incidents(job=det["job"]))
 
+    def open_on_node(node: str) -> list[Detection]:
+        return [d for d in state.open_incidents() if d["node"] == node]
+
     return Remediator(cfg.alerter, state.r, state.prefix, build_executor(cfg), is_open, publish,
-                      escalate)
+                      escalate, open_on_node)
 
 
 class Alerter:
