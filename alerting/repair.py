@@ -176,6 +176,22 @@ def fault_of(det: Detection) -> str:
     return f"{det['kind']}:{cause}"
 
 
+def verify(log_: RepairLog, node: str, why: str, who: str, now: float,
+           allowed: tuple[str, ...], **fields: Any) -> None:
+    """Start the node's verification afresh (its check runs at the next tick)."""
+    log_.move(node, allowed, VERIFYING, why, who, now, check_rc=None, check_output=None,
+              evidence_from=None, evidence_failed=None, deferred=None, **fields)
+
+
+def repair_done(log_: RepairLog, node: str, who: str, note: str,
+                now: float | None = None) -> None:
+    """A person reports the node repaired (``vigil repair done``): verify it, also
+    from ``held_out``. Refused (``TransitionRefused``) for a node Vigil does not hold."""
+    now = time.time() if now is None else now
+    why = f"repair reported by {who}" + (f": {note}" if note else "")
+    verify(log_, node, why, who, now, (OUT, AWAITING, HELD), note=note)
+
+
 class RepairLoop:
     """Drives each node Vigil took out through verification and back (``tick``)."""
 
@@ -219,12 +235,6 @@ class RepairLoop:
             self.log.move(action["node"], (OUT,), AWAITING,
                           "waiting for the repair: `vigil repair done` or a new GPU UUID",
                           VIGIL, now)
-
-    def repair_done(self, node: str, who: str, note: str, now: float | None = None) -> None:
-        """A person reports the node repaired: verify it (also from ``held_out``)."""
-        now = time.time() if now is None else now
-        why = f"repair reported by {who}" + (f": {note}" if note else "")
-        self._verify(node, why, who, now, (OUT, AWAITING, HELD), note=note)
 
     def observe_uuids(self, node: str, uuids: dict[str, str], now: float | None = None) -> bool:
         """A sample's ``meta.gpu_uuids``: the first seen while the node is out is its
@@ -287,9 +297,7 @@ class RepairLoop:
 
     def _verify(self, node: str, why: str, who: str, now: float,
                 allowed: tuple[str, ...], **fields: Any) -> None:
-        self.log.move(node, allowed, VERIFYING, why, who, now, check_rc=None,
-                      check_output=None, evidence_from=None, evidence_failed=None,
-                      deferred=None, **fields)
+        verify(self.log, node, why, who, now, allowed, **fields)
 
     def _advance(self, node: str, record: dict[str, str], now: float) -> None:
         """Run the check once, then wait out the evidence window, then return or hold."""
