@@ -146,8 +146,7 @@ def start_slurm(config: Config, timeout: float = 60.0) -> None:
             _wait(svc, 15, lambda: (root / "munge" / "munge.socket").exists())
         elif name == "slurmctld":
             svc.spawn([binaries["slurmctld"], "-D", "-f", str(conf)])
-            ctld_port = svc.port
-            _wait(svc, 30, lambda: port_open(ctld_port))
+            _wait(svc, 30, lambda: port_open(config.local.slurmctld_port))
         else:
             node = name.removeprefix("slurmd-")
             svc.spawn([binaries["slurmd"], "-D", "-f", str(conf), "-N", node])
