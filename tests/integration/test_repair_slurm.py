@@ -6,6 +6,7 @@ shows the node back; or it stays drained and ``held_out`` with the reason."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import stat
 import subprocess
@@ -305,3 +306,39 @@ def test_an_alerter_restart_mid_repair_loses_nothing(isolated_env: dict[str, str
     drains = [x for x in audit_log(repairs.r, cfg.redis.key_prefix)
               if x["action"] == "drain_and_replace"]
     assert len(drains) == 1  # the replayed detection did not drain it again
+
+
+def test_a_replaced_gpu_seen_in_samples_starts_verification(isolated_env: dict[str, str],
+                                                            idle_nodes: Config,
+                                                            tmp_path: Path) -> None:
+    cfg = load(env=repair_env(isolated_env, idle_nodes, tmp_path))
+    repairs = RepairLog(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    samples = KafkaConsumer(topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
+                            bootstrap_servers=cfg.kafka_bootstrap, group_id=None,
+                            auto_offset_reset="earliest", enable_auto_commit=False)
+    a = alerter(cfg)
+    a.samples = samples
+    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
+
+    def sample(node: str, uuid: str) -> None:
+        body = {"schema": "vigil.sample/1", "ts": time.time(), "job": "train-1", "node": node,
+                "gpus": {}, "host": {}, "nics": {}, "meta": {"gpu_uuids": {"3": uuid}}}
+        producer.send(topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
+                      key=b"train-1", value=json.dumps(body).encode())
+        producer.flush()
+
+    try:
+        publish(cfg, detection("gpu-02"))
+        run_until(a, lambda: repairs.state("gpu-02") == "awaiting_repair")
+        sample("gpu-02", "GPU-old")
+        run_until(a, lambda: "uuids" in repairs.record("gpu-02"))
+        sample("gpu-01", "GPU-unrelated")
+        sample("gpu-02", "GPU-new")
+        run_until(a, lambda: repairs.state("gpu-02") != "awaiting_repair")
+    finally:
+        producer.close()
+        a.close()
+        a.consumer.close()
+        samples.close()
+    [change] = [s for s in repairs.history("gpu-02") if s["to"] == "verifying"]
+    assert change["why"] == "GPU UUID changed on GPU 3: a replaced GPU" and change["who"] == "vigil"
