@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import redis
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -14,8 +15,6 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-
-import redis
 
 from alerting.cost import goodput
 from alerting.repair import NOT_IN_SERVICE, REPAIR_BUCKETS, gpu_hours
