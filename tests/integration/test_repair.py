@@ -206,3 +206,23 @@ def test_load_imbalance_and_slowdown_are_never_acted_on_or_paged(isolated_cfg: C
                      "pager": Route(pager=True)}, store, page_after_seconds=0)
     sent = router.handle(imbalance, now=0) + router.tick(now=10)  # type: ignore[arg-type]
     assert [c for c, _ in sent] == ["owner"]
+
+
+def test_metrics_count_nodes_out_and_repair_time(isolated_cfg: Config) -> None:
+    from types import SimpleNamespace
+
+    from alerting.metrics import repair_metrics
+
+    rem, ex, repairs, _ = setup(isolated_cfg, repair_evidence_seconds=0)
+    past = 1_700_000_000.0  # before the scrape: the node has been out since then
+    take_out(rem, health("n1", xid=94), at=past)  # returned after 2 s
+    rem.tick(now=past + 2)
+    rem.tick(now=past + 3)
+    take_out(rem, health("n2"), at=past)  # awaiting a swap
+    samples = {(m.name, s.name, tuple(sorted(s.labels.items()))): s.value
+               for m in repair_metrics(SimpleNamespace(remediator=rem))  # type: ignore[arg-type]
+               for s in m.samples}
+    assert samples["vigil_nodes_out", "vigil_nodes_out", (("state", "awaiting_repair"),)] == 1
+    assert samples["vigil_nodes_out", "vigil_nodes_out", (("state", "verifying"),)] == 0
+    assert samples["vigil_node_repair_seconds", "vigil_node_repair_seconds_count", ()] == 1
+    assert samples["vigil_gpu_hours_held_out", "vigil_gpu_hours_held_out", ()] > 0
