@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # The test stack lives apart from a developer's `vigil up` stack.
 TEST_ENV := VIGIL_LOCAL_DATA_DIR=.vigil/test-stack VIGIL_LOCAL_KAFKA_PORT=29092 \
-            VIGIL_LOCAL_CONTROLLER_PORT=29093 VIGIL_LOCAL_REDIS_PORT=26379
+            VIGIL_LOCAL_CONTROLLER_PORT=29093 VIGIL_LOCAL_REDIS_PORT=26379 \
+            VIGIL_LOCAL_SLURMCTLD_PORT=26817 VIGIL_LOCAL_SLURMD_PORT=26818
 
 .PHONY: install test lint unit soak fleet-soak demo up down clean
 

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import redis
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from alerting.cost import goodput
+from alerting.repair import NOT_IN_SERVICE, REPAIR_BUCKETS, gpu_hours
 
 if TYPE_CHECKING:
     from alerting.service import Alerter
@@ -47,6 +55,7 @@ class AlerterCollector(Collector):
         yield GaugeMetricFamily("vigil_alerter_open_incidents", "incidents firing now",
                                 value=len(a.router.open))
         yield from cost_metrics(a)
+        yield from repair_metrics(a)
         yield GaugeMetricFamily("vigil_alerter_redis_backlog",
                                 "detections delivered but not yet written to Redis",
                                 value=len(a.outage.backlog))
@@ -71,6 +80,41 @@ def cost_metrics(a: Alerter) -> Iterator[Metric]:
     yield GaugeMetricFamily("vigil_fleet_goodput", "share of the watched jobs' GPU time "
                             "not lost to open incidents (1 = none lost)",
                             value=goodput(sum(gpus.values()), lost_now))
+
+
+def repair_metrics(a: Alerter) -> Iterator[Metric]:
+    """The repair loop, read from Redis at scrape time (so every alerter replica says the
+    same): nodes out by state, how long each has been out, GPU-hours held out, and the
+    time from out to returned. Empty when Redis does not answer."""
+    by_state = GaugeMetricFamily("vigil_nodes_out", "nodes Vigil holds out of service, "
+                                 "by repair state", labels=["state"])
+    ages = GaugeMetricFamily("vigil_node_out_seconds", "how long each node Vigil holds out "
+                             "has been out", labels=["node", "state"])
+    held = GaugeMetricFamily("vigil_gpu_hours_held_out", "GPU-hours the nodes out now have "
+                             "been out (their GPUs × time out)")
+    returned = CounterMetricFamily("vigil_node_gpu_hours_returned", "GPU-hours nodes were "
+                                   "held out before Vigil returned them")
+    repair = getattr(getattr(a, "remediator", None), "repair", None)
+    out: dict[str, dict[str, str]] = {}
+    stats: dict[str, float] = {}
+    if repair is not None:
+        try:
+            out, stats = repair.log.out_nodes(), repair.log.stats()
+        except redis.RedisError:
+            pass
+    now = time.time()
+    for state in NOT_IN_SERVICE:
+        by_state.add_metric([state], sum(r["state"] == state for r in out.values()))
+    for node, record in sorted(out.items()):
+        ages.add_metric([node, record["state"]], now - float(record.get("out_at") or now))
+    held.add_metric([], sum(gpu_hours(r, now) for r in out.values()))
+    returned.add_metric([], stats.get("gpu_hours_returned", 0.0))
+    buckets = [(f"{b:g}", stats.get(f"le:{b:g}", 0.0)) for b in REPAIR_BUCKETS]
+    buckets.append(("+Inf", stats.get("count", 0.0)))
+    yield from (by_state, ages, held, returned)
+    yield HistogramMetricFamily("vigil_node_repair_seconds", "time from a node taken out "
+                                "to its return after a passed verification",
+                                buckets=buckets, sum_value=stats.get("sum", 0.0))
 
 
 def alerter_registry(alerter: Alerter) -> CollectorRegistry:

@@ -18,7 +18,15 @@ person decides: escalate); node cooldown; per-node lock; at most K actions an ho
 at most P% of the job's nodes (but always one) and of the fleet's within the
 cooldown; then a dry
 run (the default) or the executor. An action waits ``confirm_seconds`` and is
-dropped if its incident resolved meanwhile.
+dropped if its incident resolved meanwhile. Before executing, a node that a person or
+another tool already holds out is left as it is (its drain reason or taint says
+who), and a node Vigil already holds out gets no second action.
+
+An executed action hands the node to the repair loop (``alerting.repair``), which
+verifies it and brings it back, or holds it out with a reason.
+
+Detections of kind ``load_imbalance`` (severity info, for the job's owner) and
+``slowdown`` (the whole job, no node) never ask for an action.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ import redis
 from redis.exceptions import LockError
 
 from alerting.cost import lost_per_hour
-from alerting.executors import Executor, ExecutorError
+from alerting.executors import Executor, ExecutorError, Returner
+from alerting.repair import RepairLoop
 from contracts.config import AlerterConfig
 from contracts.messages import Action, Detection
 
@@ -43,9 +52,12 @@ WEEK = 7 * 86400.0
 LOCK_SECONDS = 300  # a node's lock expires on its own if its holder dies mid-action
 
 
+NEVER_ACTED_ON = ("load_imbalance", "slowdown")  # a job's owner acts on these, not Vigil
+
+
 def plan(det: Detection, cfg: AlerterConfig) -> tuple[str, float] | None:
     """(action, seconds to wait after firing) a firing detection asks for, if any."""
-    if det["state"] != "firing" or det["node"] is None:
+    if det["state"] != "firing" or det["node"] is None or det["kind"] in NEVER_ACTED_ON:
         return None
     if det["kind"] == "gpu_health":
         cause = det["evidence"].get("action")
@@ -67,7 +79,8 @@ class Remediator:
     def __init__(self, cfg: AlerterConfig, r: redis.Redis, prefix: str, executor: Executor,
                  is_open: Callable[[Detection], bool],
                  publish: Callable[[Action], None] | None = None,
-                 escalate: Callable[[Detection], None] | None = None) -> None:
+                 escalate: Callable[[Detection], None] | None = None,
+                 open_on_node: Callable[[str], list[Detection]] | None = None) -> None:
         self.cfg = cfg
         self.r = r
         self.base = f"{prefix}:remediation{':dry' if cfg.remediation_dry_run else ''}"
@@ -78,6 +91,9 @@ class Remediator:
         self.escalate = escalate
         self.pending: dict[str, tuple[Action, Detection]] = {}  # incident → planned
         self.opt_out = [p.strip() for p in cfg.opt_out.split(",") if p.strip()]
+        self.repair = RepairLoop(cfg, r, prefix, executor, open_on_node or (lambda node: []),
+                                 self._audit, escalate) if isinstance(executor, Returner) \
+            else None
 
     def consider(self, det: Detection, now: float | None = None) -> None:
         """A detection was applied: plan an action, or cancel one whose incident resolved."""
@@ -88,6 +104,8 @@ class Remediator:
                 self._audit(planned_before[0], "skipped",
                             "incident resolved before confirmation", now)
             return
+        if self.repair is not None and self.repair.on_detection(det, now) is not None:
+            return  # Vigil holds the node out already: its repair loop owns it
         planned, node = plan(det, self.cfg), det["node"]
         if planned is None or node is None or det["id"] in self.pending:
             return  # (plan() asks nothing of a job-level detection)
@@ -122,6 +140,8 @@ class Remediator:
                     f" GPU-hours per hour, under the cordon threshold of {floor}", now))
                 continue
             done.append(self._decide(action, det, now))
+        if self.repair is not None:
+            self.repair.tick(now)
         return done
 
     def _decide(self, action: Action, det: Detection, now: float) -> Action:
@@ -169,10 +189,18 @@ class Remediator:
             if cfg.remediation_dry_run:
                 return self._audit(action, "dry_run", "dry run: would have executed", now)
             try:
+                if isinstance(self.executor, Returner):
+                    hold = self.executor.holder(node)
+                    if hold.out and not hold.by_vigil:
+                        return self._audit(action, "skipped", f"already held out by someone "
+                                           f"else ({hold.reason}): left as it is", now)
                 result = self.executor.execute(action)
             except ExecutorError as exc:
                 return self._audit(action, "failed", str(exc), now)
-            return self._audit(action, "executed", result, now)
+            record = self._audit(action, "executed", result, now)
+            if self.repair is not None:
+                self.repair.taken_out(action, det, now)
+            return record
         finally:
             try:
                 lock.release()

@@ -10,6 +10,10 @@
   stops notifying until it calms down (Redis still shows every state).
 - **Re-sends** to channels that need them (Alertmanager expires alerts it does not
   hear about again) every ``resend_seconds`` while firing.
+- **Never paged**: ``load_imbalance`` (severity info: uneven work the job's owner
+  tunes, not a fault) goes only to channels that are not pagers, whatever a pager's
+  route says; a job owner's channel is a webhook or the Kafka alerts topic with a
+  route such as ``kinds=load_imbalance,slowdown``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from contracts.codec import SEVERITIES
 from contracts.messages import Detection
 
 SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+NEVER_PAGED = frozenset({"load_imbalance"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class Route:
         return cls(kinds, severity, jobs, pager, resend)
 
     def accepts(self, det: Detection) -> bool:
+        if self.pager and det["kind"] in NEVER_PAGED:
+            return False
         return ((not self.kinds or det["kind"] in self.kinds)
                 and SEVERITY_RANK[det["severity"]] >= SEVERITY_RANK[self.min_severity]
                 and (not self.jobs or any(fnmatch.fnmatchcase(det["job"], j)

@@ -96,7 +96,7 @@ def build_executor(cfg: Config) -> Executor:
     """The configured remediation executor."""
     a = cfg.alerter
     if a.remediation_executor == "slurm":
-        return SlurmExecutor()
+        return SlurmExecutor(slurm_conf=a.slurm_conf)
     if a.remediation_executor == "kubernetes":
         return KubernetesExecutor(a.kubernetes_api, a.kubernetes_token, a.kubernetes_ca_file)
     if a.remediation_executor == "command":
@@ -126,17 +126,22 @@ def build_remediator(cfg: Config, state: LiveState,
     def is_open(det: Detection) -> bool:
         return any(d["id"] == det["id"] for d in state.open_incidents(job=det["job"]))
 
+    def open_on_node(node: str) -> list[Detection]:
+        return [d for d in state.open_incidents() if d["node"] == node]
+
     return Remediator(cfg.alerter, state.r, state.prefix, build_executor(cfg), is_open, publish,
-                      escalate)
+                      escalate, open_on_node)
 
 
 class Alerter:
     """One consume → apply → route → deliver loop."""
 
     def __init__(self, cfg: Config, consumer: Any, state: LiveState,
-                 channels: dict[str, tuple[Channel, Route, float]] | None = None) -> None:
+                 channels: dict[str, tuple[Channel, Route, float]] | None = None,
+                 samples: Any = None) -> None:
         self.cfg = cfg
         self.consumer = consumer
+        self.samples = samples  # a consumer of the samples topic: GPU UUIDs of nodes out
         self.state = state
         self.silences = SilenceStore(state.r, state.prefix)
         channels = channels or {}
@@ -227,7 +232,31 @@ class Alerter:
         self._tick()
         return count
 
+    def _watch_uuids(self) -> None:
+        """Samples of nodes Vigil holds out: a changed ``meta.gpu_uuids`` is a replaced
+        GPU (the repair loop then verifies the node). Other nodes' samples are skipped
+        before decoding; a bad sample is skipped (the worker dead-letters it)."""
+        repair = self.remediator.repair if self.remediator is not None else None
+        if self.samples is None or repair is None or self.outage.ongoing:
+            return
+        try:
+            out = set(repair.log.out_nodes())
+            for records in self.samples.poll(timeout_ms=0, max_records=2000).values():
+                for record in records:
+                    if not out or not any(n.encode() in record.value for n in out):
+                        continue
+                    try:
+                        sample = json.loads(record.value)
+                        uuids = sample.get("meta", {}).get("gpu_uuids")
+                    except (ValueError, AttributeError):
+                        continue
+                    if sample.get("node") in out and isinstance(uuids, dict):
+                        repair.observe_uuids(sample["node"], uuids)
+        except redis.RedisError as exc:
+            self.outage.lost(exc)
+
     def _tick(self) -> None:
+        self._watch_uuids()
         self._dispatch(self.router.tick())
         if self.remediator is not None and not self.outage.ongoing:
             try:
@@ -333,7 +362,13 @@ def run_alerter(cfg: Config, max_seconds: float | None = None) -> int:
         topics.topic(topics.STATUS, cfg.kafka.topic_prefix),
         bootstrap_servers=cfg.kafka_bootstrap, group_id=cfg.alerter.group_id,
         enable_auto_commit=False, auto_offset_reset="earliest", **cfg.kafka_client)
-    alerter = Alerter(cfg, consumer, state, channels)
+    samples = None
+    if cfg.alerter.remediation_enabled and cfg.alerter.repair_watch_samples:
+        samples = KafkaConsumer(  # newest only, never committed: a UUID is a current fact
+            topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
+            bootstrap_servers=cfg.kafka_bootstrap, group_id=None,
+            auto_offset_reset="latest", enable_auto_commit=False, **cfg.kafka_client)
+    alerter = Alerter(cfg, consumer, state, channels, samples)
     if cfg.alerter.metrics_port:
         serve_metrics(alerter, cfg.alerter.metrics_port, cfg.alerter.metrics_bind)
 
@@ -348,6 +383,8 @@ def run_alerter(cfg: Config, max_seconds: float | None = None) -> int:
     finally:
         alerter.close()
         consumer.close()
+        if samples is not None:
+            samples.close()
         log.info("alerter stopped: %d applied, %d duplicates, %d invalid; deliveries %s",
                  alerter.applied, alerter.duplicates, alerter.invalid,
                  json.dumps({f"{c}/{r}": n for (c, r), n in sorted(alerter.outcomes.items())}))

@@ -122,6 +122,13 @@ class LocalConfig:
     # The local broker listens with TLS only (a CA and certificates made with openssl
     # under data_dir/kafka/tls); "mutual" also requires client certificates.
     kafka_tls: str = ""
+    # `vigil up` also starts munged, slurmctld and one slurmd per name in slurm_nodes
+    # (Debian's packages, installed with apt-get when missing): a real controller for
+    # the repair loop's tests; each slurmd listens on slurmd_port + its index
+    slurm: bool = False
+    slurmctld_port: int = 16817
+    slurmd_port: int = 16818
+    slurm_nodes: str = "gpu-01,gpu-02,gpu-03,gpu-04"
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,27 @@ class AlerterConfig:
     # an incident costing at least this many GPU-hours per hour is raised to critical
     # (pages); 8 = a whole 8-GPU node's worth lost; 0 turns escalation by cost off
     page_gpu_hours_per_hour: float = 8.0
+    # Repair loop (alerting/repair.py): every node Vigil takes out is verified and
+    # returned, or held out with a reason. The check is an argv template ({node} {gpu}
+    # {job} {incident}; no shell) the executor runs before the evidence window, e.g.
+    # "ssh {node} dcgmi diag -r 2"; empty = no check, evidence only.
+    repair_check_command: str = ""
+    repair_check_timeout_seconds: float = 1800.0
+    # after the check passed: this long without a firing gpu_health or link_health
+    # detection on the node (and none open at its end); keep it above
+    # detect.health_hold_seconds so a fixed fault's incident has resolved by then
+    repair_evidence_seconds: float = 900.0
+    # a returned node whose same fault fires again within this long is held out and
+    # escalated to a person (the repeat-offender rail)
+    repair_probation_seconds: float = 86400.0
+    # a cordoned straggler is verified this long after it was cordoned (no part to swap)
+    repair_straggler_wait_seconds: float = 3600.0
+    repair_max_returns_per_hour: int = 10  # returns beyond this wait for the next hour
+    gpus_per_node: int = 8  # for GPU-hours held out when a detection does not say
+    # read meta.gpu_uuids from the samples topic: a changed UUID on a node awaiting a
+    # GPU swap starts its verification
+    repair_watch_samples: bool = True
+    slurm_conf: str = ""  # SLURM_CONF for scontrol (empty: Slurm's default)
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,18 @@ def build_parser() -> argparse.ArgumentParser:
     act = add("actions", _command("actions"),
               "the remediation audit: every decision and why")
     act.add_argument("--job", help="only this job")
+    act.add_argument("--node", help="only this node")
     act.add_argument("--count", type=int, default=50)
+
+    add("nodes", _command("nodes"),
+        "nodes Vigil holds out of service: state, since when, why, GPU-hours out")
+
+    rep_ = add("repair", _command("repair"),
+               "report a node Vigil took out as repaired: it is verified, then returned")
+    rep_.add_argument("what", choices=["done"])
+    rep_.add_argument("node")
+    rep_.add_argument("--note", help="what was done (kept in the audit)")
+    rep_.add_argument("--by", help="who (default: login name)")
 
     ackp = add("ack", _command("ack"),
               "acknowledge an incident: pagers stop re-notifying it")
@@ -202,7 +213,8 @@ OWN_PACKAGES = ("vigil", "contracts", "producers", "simulator", "detectors", "st
                 "alerting")
 # command → the extra that brings its dependencies (pyproject.toml)
 EXTRA_OF = {"agent": "agent", "worker": "worker", "alerter": "alerter", "alerts": "alerter",
-            "top": "alerter", "silence": "alerter", "ack": "alerter", "actions": "alerter"}
+            "top": "alerter", "silence": "alerter", "ack": "alerter", "actions": "alerter",
+            "nodes": "alerter", "repair": "alerter"}
 
 
 def configure_logging(command: str, verbose: bool) -> None:

@@ -284,18 +284,72 @@ def ack(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
 def actions(cfg: Config, args: argparse.Namespace) -> int:
-    """Print the remediation audit: every decision, acted on or not, and why."""
+    """Print the remediation audit (every decision, acted on or not, and why), then
+    each node's repair lifecycle: every state change, why, and who made it."""
     import redis
 
     from alerting.remediation import audit_log
+    from alerting.repair import RepairLog
 
-    rows = audit_log(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix, args.count)
-    rows = [r for r in rows if not args.job or r["job"] == args.job]
+    r = redis.Redis.from_url(cfg.redis_url)
+    rows = audit_log(r, cfg.redis.key_prefix, args.count)
+    rows = [x for x in rows if (not args.job or x["job"] == args.job)
+            and (not args.node or x["node"] == args.node)]
     if not rows:
         print("no remediation decisions")
-    for r in rows:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["decided_at"]))
-        print(f"{when} {r['decision']:9} {r['action']:17} {r['job']:12} "
-              f"{location(r['node'], r.get('gpu'))}: {r['why']}")
+    for x in rows:
+        print(f"{_when(x['decided_at'])} {x['decision']:9} {x['action']:17} {x['job']:12} "
+              f"{location(x['node'], x.get('gpu'))}: {x['why']}")
+    changes = RepairLog(r, cfg.redis.key_prefix).history(args.node, args.count)
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for change in reversed(changes):
+        by_node.setdefault(change["node"], []).append(change)
+    for node, steps in sorted(by_node.items()):
+        print(f"\nlifecycle of {node}:")
+        for step in steps:
+            print(f"  {_when(step['at'])} {step['from']:>15} -> {step['to']:15} "
+                  f"by {step['who']}: {step['why']}")
+    return 0
+
+
+def nodes(cfg: Config, args: argparse.Namespace) -> int:
+    """Nodes Vigil holds out of service: state, since when, why, GPU-hours out."""
+    import redis
+
+    from alerting.repair import RepairLog, gpu_hours
+
+    out = RepairLog(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix).out_nodes()
+    if not out:
+        print("no nodes out of service")
+        return 0
+    now = time.time()
+    print(f"{'node':16} {'state':15} {'since':19} {'out for':>8} {'GPU-h':>7} why")
+    for node, rec in out.items():
+        hours = (now - float(rec.get("out_at") or now)) / 3600
+        print(f"{node:16} {rec['state']:15} {_when(float(rec['since'])):19} {hours:7.1f}h "
+              f"{gpu_hours(rec, now):7.1f} {rec.get('why', '')}")
+    return 0
+
+
+def repair(cfg: Config, args: argparse.Namespace) -> int:
+    """``vigil repair done NODE``: a person reports a node repaired; Vigil verifies it
+    and returns it (or holds it out with the reason)."""
+    import getpass
+
+    import redis
+
+    from alerting.repair import RepairLog, TransitionRefused, repair_done
+
+    log_ = RepairLog(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    try:
+        repair_done(log_, args.node, args.by or getpass.getuser(), args.note or "")
+    except TransitionRefused as exc:
+        print(f"vigil: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.node}: verifying (the alerter runs the check, then watches the evidence)")
     return 0

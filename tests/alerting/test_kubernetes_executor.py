@@ -135,3 +135,43 @@ def test_a_node_that_keeps_changing_is_a_clear_failure(
     with pytest.raises(ExecutorError, match="changed under each of 5 attempts"):
         KubernetesExecutor(serve(api), None).execute(ACTION)
     assert api.conflicts == 5 and "unschedulable" not in api.node["spec"]
+
+
+def test_return_removes_only_vigils_taint_and_uncordons_after_a_conflict(
+        serve: Callable[[FakeApiServer], str]) -> None:
+    api = FakeApiServer()
+    ex = KubernetesExecutor(serve(api), None)
+    assert ex.holder("gpu-7").out is False
+    ex.execute(ACTION)
+    assert ex.holder("gpu-7").by_vigil is True
+    api.before_patch = lambda a: a.add_taint("node.kubernetes.io/unreachable")
+    result = ex.release("gpu-7")
+    assert "uncordoned" in result and "after 1 conflict" in result
+    assert api.node["spec"]["unschedulable"] is False
+    assert {t["key"] for t in api.node["spec"]["taints"]} == {
+        "nvidia.com/gpu", "node.kubernetes.io/unreachable"}
+
+
+def test_a_node_cordoned_by_someone_else_is_not_vigils(
+        serve: Callable[[FakeApiServer], str]) -> None:
+    api = FakeApiServer()
+    api.node["spec"]["unschedulable"] = True  # kubectl cordon by a person
+    ex = KubernetesExecutor(serve(api), None)
+    hold = ex.holder("gpu-7")
+    assert hold.out and not hold.by_vigil
+    with pytest.raises(ExecutorError, match="not Vigil's to uncordon"):
+        ex.release("gpu-7")
+    assert api.node["spec"]["unschedulable"] is True
+
+
+def test_slurm_node_parsing_tells_vigils_drain_from_a_persons() -> None:
+    from alerting.executors import parse_slurm_node
+
+    ours = parse_slurm_node("NodeName=g1 Arch=x86_64\n   State=IDLE+DRAIN ThreadsPerCore=1\n"
+                            "   Reason=vigil reset_gpu gpu 3: incident i-1 [root@2026-01-01]\n")
+    assert ours.out and ours.by_vigil and ours.reason == "vigil reset_gpu gpu 3: incident i-1"
+    person = parse_slurm_node("   State=MIXED+DRAIN \n   Reason=vigil said so [ana@t]\n")
+    assert person.out and not person.by_vigil
+    assert not parse_slurm_node("   State=IDLE ThreadsPerCore=1\n").out
+    with pytest.raises(ExecutorError, match="no State"):
+        parse_slurm_node("garbage")

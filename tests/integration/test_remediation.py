@@ -16,6 +16,7 @@ from kafka import KafkaConsumer
 
 from alerting.executors import CommandExecutor, SlurmExecutor
 from alerting.remediation import Remediator, audit_log, plan
+from alerting.repair import RepairLog
 from alerting.service import build_remediator
 from alerting.state import LiveState
 from contracts import topics
@@ -187,9 +188,13 @@ def test_repeat_offender_goes_to_a_person(isolated_cfg: Config, tmp_path: Path) 
     people: list[dict[str, Any]] = []
     rem, calls, _ = remediator(isolated_cfg, tmp_path, people, remediation_dry_run=False,
                                node_cooldown_seconds=60, repeat_offender_count=2)
+    repairs = RepairLog(rem.r, isolated_cfg.redis.key_prefix)
     for k in range(3):
         rem.consider(health("n1", ident=f"inc-{k}"), now=T0 + k * 1000)
         rem.tick(now=T0 + k * 1000 + 100)
+        if repairs.state("n1") != "in_service":  # returned, and past its probation
+            repairs.move("n1", ("*",), "in_service", "returned", "test", T0 + k * 1000 + 200,
+                         probation_until=None)
     decisions = [r["decision"] for r in reversed(audit_log(rem.r, isolated_cfg.redis.key_prefix))]
     assert decisions == ["executed", "executed", "escalated"]
     assert len(calls.read_text().splitlines()) == 2

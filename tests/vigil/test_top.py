@@ -65,3 +65,10 @@ def test_frame_shows_goodput_and_costliest_incident_first() -> None:
     listed = frame.split("OPEN INCIDENTS")[1].splitlines()[1:4]
     assert [line.split()[1] for line in listed] == ["straggler", "link_health", "gpu_health"]
     assert "2 GPU-h/h" in listed[0] and "cost ?" in listed[2]
+
+
+def test_title_counts_the_nodes_vigil_holds_out() -> None:
+    frame = render(Snapshot(taken_at=0.0, nodes_out={"held_out": 1, "verifying": 2}),
+                   color=False)
+    assert "nodes out 3 (1 held_out, 2 verifying)" in frame.splitlines()[0]
+    assert "nodes out 0" in render(Snapshot(taken_at=0.0), color=False).splitlines()[0]

@@ -1,5 +1,6 @@
 """The local runtime of real services: a single-node KRaft Kafka and a Redis (and, for
-replication tests, KRaft clusters of several brokers).
+replication tests, KRaft clusters of several brokers; with ``local.slurm``, a real
+Slurm controller and nodes: ``vigil.ops.slurmstack``).
 
 `vigil up` starts what the configuration does not point elsewhere, waits until
 each answers, and records pid files under ``local.data_dir``; `vigil down` stops
@@ -454,6 +455,9 @@ def up(config: Config) -> None:
         starters[name](config, svc)
         _say(f"{name} up on 127.0.0.1:{svc.port} in {time.monotonic() - started:.1f}s "
              f"(log {svc.logfile})")
+    if config.local.slurm:
+        from vigil.ops.slurmstack import start_slurm
+        start_slurm(config)
     if not config.manages_kafka:
         _say(f"using external Kafka {config.kafka_bootstrap}")
     if not config.manages_redis:
@@ -463,6 +467,10 @@ def up(config: Config) -> None:
 def down(config: Config, only: Iterable[str] | None = None) -> None:
     """Stop the services this stack started (found by pid file); ``only`` those named."""
     wanted = None if only is None else set(only)
+    if config.local.slurm and (wanted is None or "slurm" in wanted):
+        from vigil.ops.slurmstack import stop_slurm
+        stopped = stop_slurm(config)
+        _say(f"slurm stopped ({', '.join(stopped)})" if stopped else "slurm was not running")
     for name, svc in services(config).items():
         if wanted is None or name in wanted:
             _say(f"{name} stopped" if svc.stop() else f"{name} was not running")
@@ -481,4 +489,9 @@ def health(config: Config) -> dict[str, str]:
         healthy = redis_ping(svc.port) if name == "redis" else port_open(svc.port)
         report[name] = (f"up (pid {pid}, port {svc.port})" if pid and healthy
                         else f"unhealthy (pid {pid})" if pid else "down")
+    if config.local.slurm:
+        from vigil.ops.slurmstack import slurm_services
+        down_ = [n for n, svc in slurm_services(config).items() if svc.pid() is None]
+        report["slurm"] = f"down ({', '.join(down_)})" if down_ else \
+            f"up (slurmctld port {config.local.slurmctld_port})"
     return report

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerting.cost import by_cost, goodput, lost_per_hour
+from alerting.repair import RepairLog
 from alerting.state import LiveState
 from contracts.messages import Detection, location
 from contracts.status import HEAT_METRICS, HEAT_NAMES, gpu_key_order
@@ -39,6 +40,7 @@ class Snapshot:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # job → status
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)  # worker → heartbeat
     incidents: list[Detection] = field(default_factory=list)  # firing, costliest first
+    nodes_out: dict[str, int] = field(default_factory=dict)  # repair state → nodes Vigil holds
 
 
 def gather(state: LiveState, now: float | None = None, max_age: float = 600.0) -> Snapshot:
@@ -46,7 +48,10 @@ def gather(state: LiveState, now: float | None = None, max_age: float = 600.0) -
     now = time.time() if now is None else now
     live = state.pipeline_status(max_age=max_age, now=now)
     incidents = by_cost(state.open_incidents())
-    return Snapshot(now, live["jobs"], live["workers"], incidents)
+    out: dict[str, int] = {}
+    for record in RepairLog(state.r, state.prefix).out_nodes().values():
+        out[record["state"]] = out.get(record["state"], 0) + 1
+    return Snapshot(now, live["jobs"], live["workers"], incidents, out)
 
 
 def cell(value: float | None) -> str:
@@ -114,7 +119,9 @@ def render(snap: Snapshot, width: int = 120, height: int = 60, color: bool = Tru
             flagged.setdefault(det["job"], {})[(det["node"], det["gpu"])] = det["kind"]
     title = (f"vigil top — {time.strftime('%H:%M:%S', time.localtime(snap.taken_at))}  "
              f"jobs {len(snap.jobs)}  open incidents {len(snap.incidents)}  "
-             f"workers {len(snap.workers)}")
+             f"workers {len(snap.workers)}  nodes out {sum(snap.nodes_out.values())}"
+             + (f" ({', '.join(f'{n} {s}' for s, n in sorted(snap.nodes_out.items()))})"
+                if snap.nodes_out else ""))
     lines = [f"{BOLD}{title}{RESET}" if color else title, ""]
     # Jobs with open incidents first, then by name; the rest is summarised.
     order = sorted(snap.jobs, key=lambda j: (j not in flagged, j))
