@@ -16,8 +16,11 @@ healthy level: the upper quartile of its levels over the last ten minutes
 becomes the norm (for up to ``MAX_RUN_BINS``: a job that changed its batch size
 has a new normal). A pause (checkpoint, evaluation: the duty cycle below
 ``PHASE_FLOOR`` of it, or NVLink traffic below ``TRAFFIC_FLOOR`` of its own, as
-no gradients flow) is skipped, not counted, and step-to-step jitter is far below the
-``MIN_INFLATION`` it takes. Only an inflation
+no gradients flow, over a whole step) is skipped, not counted. It holds a finding
+already open and opens none. An inflation must exceed ``MIN_INFLATION`` plus
+``NOISE_Z`` times the job's own spread of minute levels: near nothing for short
+steps, which a minute averages many times over, more for 30 s steps, of which a
+minute holds two, cut wherever the bins fall. Only an inflation
 that lasts, while no other finding of the job explains it (a straggler, a link or
 network fault, a hang, a throttled GPU, load imbalance), is a finding: for
 ``SUSTAIN_BINS`` in a row when a node stands out as its cause (below), for
@@ -46,7 +49,9 @@ from detectors.window import WindowView
 
 GPU_READS = ("tensor_active", "sm_active", "gpu_util", "nvlink_tx")
 NIC_READS: tuple[str, ...] = ()
-MIN_INFLATION = 0.10  # steps this much longer than healthy
+MIN_INFLATION = 0.10  # steps this much longer than healthy ...
+NOISE_Z = 3.0  # ... plus this many of the job's own spreads of its minute levels
+EDGE_SHARE = 0.1  # the largest bin-to-bin differences left out of that spread
 SUSTAIN_BINS = 4  # for this many bins in a row (20 s at 5 s bins) with a suspect node
 LONE_SUSTAIN_BINS = 24  # ... or this many (2 min) with none: longer than a pause lasts
 RECENT_BINS = 12  # the current level is the mean of these (1 min: a long step or two)
@@ -55,6 +60,7 @@ HEALTHY_QUANTILE = 0.75  # ... whose upper quartile is its healthy level ...
 MIN_HISTORY_BINS = 12  # ... once it has this many
 MAX_RUN_BINS = 360  # after 30 min a slower level is the job's new normal
 TRAFFIC_FLOOR = 0.5  # NVLink traffic below this share of healthy: a pause, not steps
+TRAFFIC_BINS = 6  # ... averaged over this many bins (30 s: a whole step, up to 30 s long)
 IDLE_MARGIN = 0.05  # a node's GPUs this much less utilised than the job's: idle
 EXPLAINING = frozenset({"straggler", "link_health", "network_bound", "hang",
                         "load_imbalance", "node_silent"})
@@ -77,10 +83,16 @@ def find_slowdown(view: WindowView, others: list[Finding],
     if level is None or _quiet_fabric(view, memory) or (
             reference is not None and level < PHASE_FLOOR * reference):
         # a pause (checkpoint, evaluation: the gradients stop flowing, or the duty
-        # cycle falls below the floor) is neither evidence nor a new level
+        # cycle falls below the floor) is neither evidence nor a new level; it holds
+        # a finding already open but opens none
+        if not memory.get("open"):
+            return []
         return _open(view, memory, float(reference or 0.0), float(level or 0.0))
     recent.append(round(level, 5))
     del recent[:-RECENT_BINS]
+    bins: list[float] = memory.setdefault("bins", [])
+    bins.append(round(level, 5))
+    del bins[:-HISTORY_BINS]
     if len(recent) < RECENT_BINS // 2:
         return []
     now = statistics.fmean(recent)
@@ -94,8 +106,9 @@ def find_slowdown(view: WindowView, others: list[Finding],
     explained = any(f.kind in EXPLAINING or (f.kind == "gpu_health" and f.metrics ==
                                               ("throttle",)) for f in others)
     inflation = healthy / now - 1.0 if healthy is not None and now > 0 else 0.0
-    if inflation < MIN_INFLATION or explained or int(memory.get("run", 0)) >= MAX_RUN_BINS:
-        for key in ("since", "run", "baseline"):
+    within_noise = inflation < MIN_INFLATION + NOISE_Z * _spread(bins)
+    if within_noise or explained or int(memory.get("run", 0)) >= MAX_RUN_BINS:
+        for key in ("since", "run", "baseline", "open"):
             memory.pop(key, None)
         history.append(round(now, 5))
         del history[:-HISTORY_BINS]
@@ -118,8 +131,9 @@ def _open(view: WindowView, memory: dict[str, Any], healthy: float, now: float
     if run < SUSTAIN_BINS:
         return []
     candidates = _candidates(view)
-    if not candidates and run < LONE_SUSTAIN_BINS:
+    if not candidates and run < LONE_SUSTAIN_BINS and not memory.get("open"):
         return []
+    memory["open"] = True
     inflation = float(memory["inflation"])
     names = ", ".join(c["node"] for c in candidates[:3])
     pointer = (f"; the evidence points at {names} (its GPUs idle with no kernel while "
@@ -133,16 +147,43 @@ def _open(view: WindowView, memory: dict[str, Any], healthy: float, now: float
                     inflation, summary, float(memory["since"]), evidence, fire_after=1)]
 
 
+def _spread(bins: list[float]) -> float:
+    """The noise of the job's minute level, relative to it: the bin-to-bin spread of
+    its per-bin levels (from first differences, so a level that moved, a slowdown
+    itself, is one difference among ``HISTORY_BINS``, not noise) over the square root
+    of a minute's bins. The differences' root mean square, not their median: a 30 s
+    step's bins repeat a pattern (compute, compute, the collective) whose typical
+    difference is zero and whose spread is in the few that are not. The largest
+    ``EDGE_SHARE`` of them are left out: a bin half in a checkpoint is a pause's
+    edge, not the step's noise. Near 0
+    for short steps, which every bin averages many times over; larger for 30 s
+    steps, whose bins catch compute or the collective by turns. An inflation has to
+    stand out of it, not only exceed ``MIN_INFLATION``."""
+    if len(bins) < MIN_HISTORY_BINS:
+        return 0.0
+    values = np.asarray(bins)
+    level = float(np.median(values))
+    squares = np.sort(np.diff(values) ** 2)
+    kept = squares[:max(1, int(len(squares) * (1 - EDGE_SHARE)))]  # pause edges out
+    sigma = math.sqrt(float(np.mean(kept)) / 2.0)
+    return sigma / math.sqrt(RECENT_BINS) / level if level > 0 else 0.0
+
+
 def _quiet_fabric(view: WindowView, memory: dict[str, Any]) -> bool:
-    """Whether the job's NVLink traffic fell below ``TRAFFIC_FLOOR`` of its healthy
-    level this bin: steps that merely take longer still exchange their gradients
-    every step (a fifth less often, for a fifth longer steps); an evaluation pass or
-    a checkpoint exchanges none. The healthy level is the upper quartile of the
-    traffic of bins that were not quiet."""
+    """Whether the job's NVLink traffic, over the last ``TRAFFIC_BINS``, fell below
+    ``TRAFFIC_FLOOR`` of its healthy level: steps that merely take longer still
+    exchange their gradients every step (a fifth less often, for a fifth longer
+    steps); an evaluation pass or a checkpoint exchanges none. The mean spans a
+    whole step, as a step of 30 s sends its gradients in one burst and bins between
+    bursts carry none. The healthy level is the upper quartile of the means that
+    were not quiet."""
     traffic = view.gpu("nvlink_tx")[:, -1]
     if np.isnan(traffic).all():
         return False
-    now = float(nanmedian(traffic, axis=0))
+    burst: list[float] = memory.setdefault("traffic_bins", [])
+    burst.append(round(float(nanmedian(traffic, axis=0)), 1))
+    del burst[:-TRAFFIC_BINS]
+    now = statistics.fmean(burst)
     history: list[float] = memory.setdefault("traffic", [])
     healthy = (float(np.quantile(history, HEALTHY_QUANTILE))
                if len(history) >= MIN_HISTORY_BINS else None)

@@ -12,6 +12,7 @@ import pytest
 from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
 from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
+from vigil.evaluation.fleet import fleet_job
 
 T0 = 1_860_000_000.0
 
@@ -44,3 +45,15 @@ def test_evaluation_pauses_are_not_a_slowdown() -> None:
     job = JobSpec("ev", [f"n{i}" for i in range(4)], events=events)
     fired, _ = _run(Cluster([job]), 900)
     assert not fired, fired
+
+
+@pytest.mark.parametrize("index", [1, 19])
+def test_thirty_second_steps_with_checkpoints_and_evaluations_are_not_a_slowdown(
+        index: int) -> None:
+    """Healthy pipeline jobs of the fleet soak with 30 s steps: a bin between two
+    gradient bursts carries no traffic and a minute holds two steps cut anywhere, so
+    neither may pass for a pause or a slowdown (both fired here before)."""
+    job = fleet_job(index, T0, 3600, seed=1)
+    assert job.cluster.jobs[0].compute_seconds + job.cluster.jobs[0].comm_seconds == 30
+    fired, _ = _run(job.cluster, 3600, seed=100_000 + index)
+    assert not [d for d in fired if d["kind"] == "slowdown"], fired
