@@ -189,7 +189,10 @@ def find_stragglers(view: WindowView, p: StragglerParams,
         latest[_B] = latest[_TENSOR]
     comparable = _comparable(latest[_B], last, view.bin_seconds, memory)
     basis = _work_basis(latest, memory)
-    gpu_level, node_level = _levels(view, latest, basis)
+    # a node whose window caught another part of the step (its median GPU below the
+    # phase floor: the collective's spinning kernel, no tensor work) compares nothing
+    phase_floor = max(MIN_BUSY, TYPICAL_FLOOR * float(memory.get("level", 0.0)))
+    gpu_level, node_level = _levels(view, latest, basis, phase_floor)
     learned = memory.setdefault("streams", {})
     for level in ("node", "gpu"):
         learned[level] = StreamTable.load(learned.get(level))
@@ -291,9 +294,12 @@ def _work(latest: Array, basis: str | None) -> Array:
     return rate if clock is None else rate * latest[GPU_READS.index(clock)]
 
 
-def _levels(view: WindowView, latest: Array, basis: str | None) -> tuple[_Readings, _Readings]:
+def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: float
+            ) -> tuple[_Readings, _Readings]:
     """Each GPU against the GPUs of its node; each node's median GPU against the
-    job's nodes.
+    job's nodes. Peers whose median busy time is below ``phase_floor`` are in another
+    part of the step this bin (a lossy node's one window in the collective, say):
+    there the work counter reads near zero and its ratio is noise.
 
     Busy time per unit of work, ``log(busy / work)``, is taken per GPU before any
     median: the median of busy times and the median of work rates of a node whose
@@ -310,14 +316,15 @@ def _levels(view: WindowView, latest: Array, basis: str | None) -> tuple[_Readin
         own_per_work = per_work[at] - node_per_work[node_idx]
     gpu = _readings(view.gpu_keys, busy[at], node_busy[node_idx], work[at],
                     node_work[node_idx], clock[at], node_clock[node_idx], own_per_work,
-                    basis, peers[node_idx] >= MIN_GPU_PEERS)
+                    basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work)]
     n = len(view.nodes)
     node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
                      np.full(n, job[1]), node_clock, np.full(n, job[2]),
                      _minus(node_per_work, job[3]), basis,
-                     np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS))
+                     np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS),
+                     phase_floor)
     return gpu, node
 
 
@@ -328,7 +335,7 @@ def _minus(values: Array, reference: float) -> Array:
 
 def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_work: Array,
               clock: Array, peer_clock: Array, per_work: Array, basis: str | None,
-              enough: NDArray[np.bool_]) -> _Readings:
+              enough: NDArray[np.bool_], phase_floor: float) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log)."""
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -336,7 +343,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         y = np.log(work / peer_work)
         lower_clock = np.log(peer_clock / clock)
         busier = x > 0
-    compared = enough & (peer_busy >= MIN_BUSY) & (busy > 0)
+    compared = enough & (peer_busy >= phase_floor) & (busy > 0)
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)
     else:
