@@ -72,28 +72,28 @@ class GpuPhases:
         return self.barrier + self.comm
 
 
-def overlap(a: float, b: float, origin: float, period: float, lo: float, hi: float) -> float:
-    """Seconds of ``[a, b)`` whose time since ``origin``, modulo ``period``, lies in
-    ``[lo, hi)``: a periodic phase's share of a window, exactly, with no time step."""
-    if hi <= lo:
-        return 0.0
-
-    def before(u: float) -> float:
-        turns = math.floor(u / period)
-        return turns * (hi - lo) + min(max(u - turns * period - lo, 0.0), hi - lo)
-
-    return before(b - origin) - before(a - origin)
-
-
 def phase_shares(p: GpuPhases, a: float, b: float, origin: float
                  ) -> tuple[float, float, float, float]:
     """Shares of the window ``[a, b)`` spent idle, computing, waiting in the
-    collective and communicating, for steps that began at ``origin`` (mod period)."""
+    collective and communicating, for steps that began at ``origin`` (mod period):
+    exactly, with no time step. Each phase ``[lo, hi)`` of a step gets, up to a time,
+    ``whole turns * (hi - lo)`` plus the part of the current step past ``lo``; the
+    window's share is that at ``b`` less that at ``a``. Each end's turns are found once
+    for the four phases: the fleet soak asks for ~10^6 windows per hour of fleet."""
     period, span = p.period, b - a
     marks = (0.0, p.idle, p.idle + p.compute, p.barrier, period)
-    idle, compute, wait, comm = (overlap(a, b, origin, period, lo, hi) / span
-                                 for lo, hi in zip(marks, marks[1:], strict=False))
-    return idle, compute, wait, comm
+    turns_a, turns_b = math.floor((a - origin) / period), math.floor((b - origin) / period)
+    into_a, into_b = a - origin - turns_a * period, b - origin - turns_b * period
+    shares = []
+    for lo, hi in zip(marks, marks[1:], strict=False):
+        width = hi - lo
+        if width <= 0:
+            shares.append(0.0)
+            continue
+        seconds = ((turns_b * width + min(max(into_b - lo, 0.0), width))
+                   - (turns_a * width + min(max(into_a - lo, 0.0), width)))
+        shares.append(seconds / span)
+    return shares[0], shares[1], shares[2], shares[3]
 
 
 def counters(shares: tuple[float, float, float, float], speed: Speed,
