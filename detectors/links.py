@@ -1,7 +1,8 @@
 """Link health: PCIe, NVLink and InfiniBand links that are worse than their peers'.
 
 - PCIe generation or width below the job's typical value, judged only in bins
-  where the GPU is under load (idle links legitimately drop to a lower generation).
+  where the GPU is under load (idle links legitimately drop to a lower generation),
+  and only while the link has not come back up since (power management does).
 - NVLink throughput well below the other GPUs of the node while they communicate.
 - InfiniBand: a port rate below its peers', error counters that keep rising, and
   transmit back-pressure (``ib_xmit_wait``) unlike the other ports of the job.
@@ -21,6 +22,7 @@ from detectors.robust import Array, nanmedian, persistent, robust_z, robust_z_ax
 from detectors.window import WindowView
 
 LOADED_SM_ACTIVE = 0.2
+PCIE_RECOVERY_BINS = 12  # a PCIe link back at full generation within these: not degraded
 COMMUNICATING_NVLINK = 1e9  # bytes/s: the node's median GPU is moving data
 NVLINK_ABS_FLOOR = COMMUNICATING_NVLINK / 10  # the scale of NVLink's scores: at least
 NVLINK_REL_FLOOR = 0.05  # this, and this share of the node's median
@@ -106,21 +108,37 @@ def _calm_ports(log_wait: Array, z: float) -> bool:
 
 
 def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
+    """A GPU whose PCIe generation or width under load is below its peers' in
+    ``need_bins`` of the last ``of_bins`` bins, and has not come back up since.
+
+    An idle or lightly used link drops to a lower generation to save power and
+    trains back up within milliseconds; a reading is one instant of that. A link that
+    reads its peers' generation under load after a low reading, within the last
+    ``PCIE_RECOVERY_BINS``, can still train up: that is power management (repeated
+    retraining shows in the replay counter, judged below), not a link trained down.
+    A trained-down link (a bad riser, a marginal slot) stays down until a reset, so
+    this costs its detection nothing."""
+    look = max(p.of_bins, PCIE_RECOVERY_BINS)
     with np.errstate(invalid="ignore"):
-        loaded = view.activity()[:, -p.of_bins:] > LOADED_SM_ACTIVE
+        loaded = view.activity()[:, -look:] > LOADED_SM_ACTIVE
     for metric in ("pcie_gen", "pcie_width"):
-        values = np.where(loaded, view.gpu(metric)[:, -p.of_bins:], np.nan)
-        if _all_within(values, 0.5):  # the usual step: none can be under its bin's median
+        values = np.where(loaded, view.gpu(metric)[:, -look:], np.nan)
+        if _all_within(values[:, -p.of_bins:], 0.5):  # the usual step: none is low
             continue
         typical = nanmedian(values, axis=0)
         with np.errstate(invalid="ignore"):
             low = values < typical - 0.5
-        for i in np.nonzero(low.sum(axis=1) >= p.need_bins)[0]:
+            full = values >= typical - 0.5
+        recent = low[:, -p.of_bins:]
+        for i in np.nonzero(recent.sum(axis=1) >= p.need_bins)[0]:
+            first_low = int(np.argmax(low[i]))
+            if full[i, first_low:].any():  # it came back up: power management
+                continue
             node, gpu = view.gpus[i]
-            value = float(np.nanmedian(values[i]))
-            peer = float(np.nanmedian(typical))
+            value = float(np.nanmedian(values[i, -p.of_bins:]))
+            peer = float(np.nanmedian(typical[-p.of_bins:]))
             _add(causes, (node, gpu), metric=metric, value=value, peer_median=peer,
-                 score=peer - value, first=int(np.argmax(low[i])),
+                 score=peer - value, first=int(np.argmax(recent[i])),
                  text=f"PCIe {'generation' if metric == 'pcie_gen' else 'width'} "
                       f"{value:.0f} under load vs peers' {peer:.0f}")
 

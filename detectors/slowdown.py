@@ -188,10 +188,33 @@ def _quiet_fabric(view: WindowView, memory: dict[str, Any]) -> bool:
     healthy = (float(np.quantile(history, HEALTHY_QUANTILE))
                if len(history) >= MIN_HISTORY_BINS else None)
     if healthy is not None and healthy > 0 and now < TRAFFIC_FLOOR * healthy:
+        if not memory.get("quiet"):
+            _forget_pause_start(memory, burst[:-1], TRAFFIC_FLOOR * healthy)
+        memory["quiet"] = True
         return True
+    memory["quiet"] = False
     history.append(round(now, 1))
     del history[:-HISTORY_BINS]
     return False
+
+
+def _forget_pause_start(memory: dict[str, Any], before: list[float], floor: float) -> None:
+    """Take back the levels of the bins just before a pause was seen that read low
+    while their own traffic was already below ``floor``: the pause began there (the
+    mean over a step lags it by a few bins) and, kept, their low levels read as an
+    inflation for a minute after the pause. A bin at the healthy level stops the
+    walk back: between a 30 s step's bursts a bin carries no traffic and is a step's."""
+    lead = 0
+    for value in reversed(before):
+        if value >= floor:
+            break
+        lead += 1
+    reference = memory.get("baseline") or max(memory.get("history") or [0.0])
+    recent, bins = memory.get("recent", []), memory.get("bins", [])
+    while lead and recent and bins and recent[-1] * (1.0 + MIN_INFLATION) < reference:
+        recent.pop()
+        bins.pop()
+        lead -= 1
 
 
 def _candidates(view: WindowView) -> list[dict[str, Any]]:

@@ -156,3 +156,26 @@ def test_healthy_structured_jobs_raise_nothing(job_kind: str) -> None:
                                          reorder_seconds=2), START, seed=5).samples(300)
             for d in runner.feed(s)]
     assert dets == []
+
+
+def _pcie_findings(gens: list[float]) -> list[tuple[str, str | None]]:
+    """link_health findings of a node whose GPU 3 reads ``gens``, one reading a bin
+    (a lossy node's), while its GPUs 0-2 read generation 5, all under load."""
+    window = JobWindow(5.0)
+    for b, gen in enumerate(gens):
+        gpus = {str(g): {"sm_active": 0.3, "tensor_active": 0.1,
+                         "pcie_gen": gen if g == 3 else 5.0, "pcie_width": 16.0}
+                for g in range(4)}
+        window.add({"schema": "vigil.sample/1", "ts": 5.0 * b + 1, "job": "j",  # type: ignore[typeddict-item]
+                    "node": "n", "gpus": gpus, "host": {}, "nics": {}})
+    last = window.bin_of(5.0 * len(gens))
+    view = WindowView(window, range(last - len(gens), last))
+    return [(f.node, f.gpu) for f in find_link_faults(view, LinkParams())]
+
+
+def test_a_link_that_trains_back_up_under_load_is_power_management_not_a_fault() -> None:
+    assert _pcie_findings([5, 5, 1, 5, 5, 1, 1, 5, 1, 1, 1, 1]) == []
+
+
+def test_a_link_trained_down_for_good_is_a_fault() -> None:
+    assert _pcie_findings([5, 5, 5, 5, 5, 5, 5, 5, 5, 3, 3, 3]) == [("n", "3")]
