@@ -1,4 +1,4 @@
-"""`make demo`: a guided tour of Vigil on the local stack, about two minutes.
+"""`make demo`: a guided tour of Vigil on the local stack, about three to four minutes.
 
 A simulated 32-node cluster (4 jobs × 8 nodes × 8 GPUs: data parallel, tensor +
 pipeline parallel, mixture-of-experts, data parallel) streams its samples in real
@@ -6,7 +6,10 @@ time through the real pipeline: Kafka → the Faust worker → detections → th
 alerter → Redis. Faults are injected on a schedule; the live view (`vigil top`)
 shows the fleet while it runs, and a closing summary says what was detected, as
 what, and how long after each fault began, and whether anything fired that should
-not have. Exits non-zero if a fault went undetected.
+not have. A last act (``demo_repair``, about a minute) runs on the local stack's real
+Slurm: a detection makes Vigil drain a node, the repair is reported, checked and
+verified, and the node is RESUMEd; skipped, saying so, where Slurm cannot start.
+Exits non-zero if a fault went undetected or that node did not come back.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from contracts.messages import Detection, location
 from detectors.baseline import StaticRules
 from detectors.cost import gpu_hours_lost
 from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil.evaluation import demo_repair
 from vigil.evaluation.benchdetect import matches
 from vigil.evaluation.costcheck import true_slowdown
 from vigil.ops import localstack
@@ -46,6 +50,7 @@ DURATION = 115.0
 HISTORY = 90.0
 SEED = 7
 SETTLE = 20.0  # seconds after the simulation ends to collect the last detections
+LOG_DIR = ".vigil/demo"
 
 
 @dataclass(frozen=True)
@@ -186,21 +191,38 @@ def summary(cluster: Cluster, start: float, found: list[Detection],
 
 
 def main() -> int:
-    """Run the tour; returns non-zero when an injected fault was not detected."""
+    """Run the tour, then the repair act (``demo_repair``); returns non-zero when an
+    injected fault was not detected or the node taken out did not come back."""
     run = time.strftime("%Y%m%d-%H%M%S")
     env = dict(os.environ, VIGIL_KAFKA_TOPIC_PREFIX=f"demo-{run}.",
                VIGIL_WORKER_APP_ID=f"vigil-demo-{run}", VIGIL_ALERTER_GROUP_ID=f"demo-{run}",
                VIGIL_REDIS_KEY_PREFIX=f"vigil-demo-{run}", VIGIL_WORKER_STATUS_SECONDS="2",
                VIGIL_ALERTER_METRICS_PORT="0")
     cfg = load(env=env)
-    interactive = sys.stdout.isatty()
     started = [name for name, svc in localstack.services(cfg).items() if svc.pid() is None]
     print("=== Vigil demo: starting the local stack (real Kafka in KRaft mode, real Redis)",
           flush=True)
     localstack.up(cfg)
     ensure_topics(cfg)
-    os.makedirs(".vigil/demo", exist_ok=True)
-    procs = {name: _spawn([name], env, f".vigil/demo/{name}-{run}.log")
+    os.makedirs(LOG_DIR, exist_ok=True)
+    try:
+        missed = tour(cfg, env, run)
+        back = demo_repair.run_act(os.environ, run, LOG_DIR)
+    finally:
+        if started:
+            print(f"=== stopping what the demo started: {', '.join(started)}", flush=True)
+            localstack.down(cfg, only=started)
+    print(f"\n=== {'all faults detected' if not missed else f'{missed} fault(s) MISSED'}; "
+          + {True: "the node Vigil took out came back, verified",
+             False: "the node Vigil took out did NOT come back",
+             None: "the repair act was skipped (Slurm could not start here)"}[back], flush=True)
+    return 1 if missed or back is False else 0
+
+
+def tour(cfg: Config, env: dict[str, str], run: str) -> int:
+    """The fault tour on the running stack; the number of faults Vigil missed."""
+    interactive = sys.stdout.isatty()
+    procs = {name: _spawn([name], env, f"{LOG_DIR}/{name}-{run}.log")
              for name in ("worker", "alerter")}
     start = time.time() + 5  # give the worker a moment to join its group
     cluster = demo_cluster(start)
@@ -208,7 +230,7 @@ def main() -> int:
           f"{DURATION:.0f}s of samples, faults on this schedule:")
     for s in SCHEDULE:
         print(f"    t+{s.at:>3.0f}s  {s.story}")
-    print("    (logs: .vigil/demo/; watch it yourself in another terminal with "
+    print(f"    (logs: {LOG_DIR}/; watch it yourself in another terminal with "
           f"VIGIL_REDIS_KEY_PREFIX={cfg.redis.key_prefix} vigil top)", flush=True)
     stop = threading.Event()
     feeder = threading.Thread(target=_publish_realtime,
@@ -242,7 +264,7 @@ def main() -> int:
         print(f"\nRedis keeps the live state: `VIGIL_REDIS_KEY_PREFIX={cfg.redis.key_prefix} "
               f"vigil alerts`; a job's report: `VIGIL_KAFKA_TOPIC_PREFIX=demo-{run}. "
               f"vigil report llm-dp` (while the stack runs).")
-        return 1 if missed else 0
+        return missed
     finally:
         stop.set()
         consumer.close()
@@ -253,9 +275,6 @@ def main() -> int:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        if started:
-            print(f"=== stopping what the demo started: {', '.join(started)}", flush=True)
-            localstack.down(cfg, only=started)
 
 
 if __name__ == "__main__":
