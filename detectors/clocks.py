@@ -76,6 +76,13 @@ class ClockOffsets:
                                                         or voters < MIN_VOTERS)
         return placed, established
 
+    def on_job_clock(self, node: str, established: bool) -> bool:
+        """Whether the node's times are on the job's clock: its offset is estimated,
+        or the job has too few nodes to correct any and the node is established. A
+        node's first samples, before a majority has voted, are not: how far off its
+        clock is is not known yet."""
+        return node in self.offset or (established and len(self.latest) < MIN_VOTERS)
+
     def alive_at(self, node: str, raw_ts: float) -> float:
         """When a sample stamped ``raw_ts`` by ``node`` was taken, on the job's clock,
         corrected by the whole offset estimate (no ``MIN_CORRECTION`` step): what

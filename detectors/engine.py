@@ -86,18 +86,19 @@ class JobEngine:
         raw_ts = sample["ts"]
         sample, established = self.clocks.place(sample)
         alive_at = self.clocks.alive_at(sample["node"], raw_ts)
+        placed = self.clocks.on_job_clock(sample["node"], established)
         b = self.window.bin_of(sample["ts"])
         if self.next_bin is None or (self.max_ts is None and b < self.next_bin):
             self.next_bin = b  # until a node is established, nothing is late yet
         elif b < self.next_bin:
             self.late += 1
-            self.health.heard(sample, alive_at)
+            self.health.heard(sample, alive_at, placed)
             return []
         self.window.add(sample, self.held)
         if established:
             self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts,
                                                                        sample["ts"])
-        immediate = self.health.ingest(sample, alive_at)
+        immediate = self.health.ingest(sample, alive_at, placed)
         if not immediate:
             return []
         return self._with_job_size(self.tracker.update(sample["ts"], immediate, set()))

@@ -13,7 +13,10 @@
   loses many of its messages on the way (a flaky network path) leaves gaps that
   could pass for silence: each node's cadence is learned (its typical interval and
   its mean gap, so its loss rate), and its silence threshold rises to the gap its
-  own losses would reach by chance once in a million samples.
+  own losses would reach by chance once in a million samples. A node's silence is
+  judged only once its samples are on the job's clock (``detectors/clocks.py``): the
+  first sample of a node whose clock is 30 s off, before its offset is known, says
+  nothing about when it was taken.
 
 Events stay open for ``hold_seconds`` after they were last seen, then resolve.
 """
@@ -95,15 +98,29 @@ class HealthMonitor:
         self.nodes: dict[str, float] = state.get("nodes", {})
         # node → [typical interval, mean gap] between its samples (seconds)
         self.cadence: dict[str, list[float]] = state.get("cadence", {})
+        # nodes heard from only before their clock offset was known: not judged
+        self.unplaced: set[str] = set(state.get("unplaced", []))
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state for a table or a checkpoint."""
-        return {"gpus": self.gpus, "nodes": self.nodes, "cadence": self.cadence}
+        return {"gpus": self.gpus, "nodes": self.nodes, "cadence": self.cadence,
+                "unplaced": sorted(self.unplaced)}
 
-    def _heard_node(self, node: str, ts: float) -> None:
+    def _heard_node(self, node: str, ts: float, placed: bool = True) -> None:
         """The node's last time, and its cadence: the typical interval follows short
         gaps quickly and long ones slowly (a low quantile); the mean gap is a plain
-        moving average. Their ratio is the share of its samples that arrive."""
+        moving average. Their ratio is the share of its samples that arrive.
+        ``placed``: whether ``ts`` is on the job's clock; a node first heard before
+        it is starts afresh with its first sample that is."""
+        if not placed:
+            if node not in self.nodes:
+                self.unplaced.add(node)
+                self.nodes[node] = ts
+            return
+        if node in self.unplaced:
+            self.unplaced.discard(node)
+            self.nodes.pop(node, None)
+            self.cadence.pop(node, None)
         last = self.nodes.get(node)
         if last is not None and ts > last:
             gap = min(ts - last, CADENCE_GAP_CAP)
@@ -130,27 +147,29 @@ class HealthMonitor:
         for key in [k for k in self.gpus if k.rsplit("/", 1)[0] == node]:
             del self.gpus[key]
 
-    def heard(self, sample: Sample, alive_at: float | None = None) -> None:
+    def heard(self, sample: Sample, alive_at: float | None = None, placed: bool = True
+              ) -> None:
         """A sample too late for the window still says its node and GPUs are alive
         (a node whose clock just jumped back is not silent); nothing else of it is
         used. ``alive_at``: when it was taken, for the silence of the node and its
-        GPUs (default: its time)."""
+        GPUs (default: its time); ``placed``: whether that is on the job's clock."""
         node = sample["node"]
         alive = sample["ts"] if alive_at is None else alive_at
-        self._heard_node(node, alive)
+        self._heard_node(node, alive, placed)
         for gpu in sample["gpus"]:
             g = self.gpus.get(f"{node}/{gpu}")
             if g is not None:
                 g["last"] = max(alive, g["last"])
 
-    def ingest(self, sample: Sample, alive_at: float | None = None) -> list[Finding]:
+    def ingest(self, sample: Sample, alive_at: float | None = None, placed: bool = True
+               ) -> list[Finding]:
         """Fold one sample in; return findings that must fire on this very sample.
         ``alive_at``: when it was taken, for the silence of the node and its GPUs
         (default: its time): both on one clock, or a GPU would look missing beside
         its own node."""
         ts, node = sample["ts"], sample["node"]
         alive = ts if alive_at is None else alive_at
-        self._heard_node(node, alive)
+        self._heard_node(node, alive, placed)
         out = []
         gpus = self.gpus
         for gpu, r in sample["gpus"].items():
@@ -266,7 +285,8 @@ class HealthMonitor:
         # a node heard from within the shortest silence any node can be given is not
         # silent: only the others are given their own (``silence_after``)
         shortest = min(p.silent_seconds, MAX_SILENT_SECONDS)
-        after = {n: self.silence_after(n) for n, t in self.nodes.items() if now - t >= shortest}
+        after = {n: self.silence_after(n) for n, t in self.nodes.items()
+                 if now - t >= shortest and n not in self.unplaced}
         active = [n for n, t in self.nodes.items() if n not in after or now - t < after[n]]
         if active:
             for node in sorted(after):

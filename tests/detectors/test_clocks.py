@@ -40,6 +40,24 @@ def test_a_node_off_by_30s_is_neither_silent_nor_hides_a_straggler(offset: float
     assert engine.late <= 12  # at most the first seconds of the node that is off
 
 
+@pytest.mark.parametrize("nodes", [4, 8])
+def test_the_first_sample_of_a_node_30s_behind_does_not_make_it_silent(nodes: int) -> None:
+    """Its first sample arrives before any majority has voted on the job's clock, so
+    its offset is not known yet: that sample says nothing about when the node was
+    last heard (fleet soak: node_silent at the start of a healthy job)."""
+    job = JobSpec("j", [f"n{i}" for i in range(nodes)])
+    samples = list(Simulator(Cluster([job], offsets={"n0": -30.0}), T0, seed=4).samples(120))
+    first = next(i for i, s in enumerate(samples) if s["node"] == "n0")
+    samples.insert(0, samples.pop(first))
+    # its next few come late (a slow path): the others have voted on the clock by then
+    head, tail = samples[1:4 * nodes], samples[4 * nodes:]
+    samples = [samples[0], *[s for s in head if s["node"] != "n0"],
+               *[s for s in head if s["node"] == "n0"], *tail]
+    runner = ReplayRunner(DetectConfig())
+    dets = [d for s in samples for d in runner.feed(s)]
+    assert [d for d in dets if d["kind"] == "node_silent"] == []
+
+
 def test_a_drifting_clock_is_followed_without_alarms() -> None:
     job = JobSpec("j", [f"n{i}" for i in range(5)])
     dets, runner = _replay(Cluster([job], drift={"n2": 360.0}), 300)  # 30 s after 5 min
