@@ -6,6 +6,12 @@ allocated and NVLink/InfiniBand carry nothing. A checkpoint or evaluation pause
 differs: utilisation drops (no kernel running) or SM activity stays well above
 the spin level. A hang is declared when that signature covers nearly all GPUs
 for ``seconds`` of consecutive bins.
+
+A job whose other GPUs wait in the collective for one that still computes (a hot
+MoE expert, a straggler, in a step of up to 30 s) shows the same signature on
+nearly all of its GPUs, but it is waiting, not stuck: while a GPU of the job still
+computes in the newest bin, the signature must last ``waiting_seconds`` before it is
+a hang (a rank stuck computing forever is one too, found later).
 """
 
 from __future__ import annotations
@@ -24,15 +30,17 @@ QUIET_NVLINK = 1e9  # bytes/s
 QUIET_IB = 1e8  # bytes/s
 ALLOCATED = 1 << 30  # bytes of device memory still held
 SHARE = 0.9  # of the job's GPUs
+COMPUTING_SM_ACTIVE = 0.2  # a GPU this active over a bin still runs the step's kernels
 GPU_READS = ("sm_active", "tensor_active", "gpu_util", "mem_used", "nvlink_tx")
 NIC_READS = ("ib_tx",)
 
 
 @dataclass(frozen=True)
 class HangParams:
-    """How long the signature must last."""
+    """How long the signature must last: when no GPU computes, and while one does."""
 
     seconds: float = 10.0
+    waiting_seconds: float = 60.0
 
 
 def hung_bins(view: WindowView, last: int) -> np.ndarray:
@@ -65,6 +73,12 @@ def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
         return []
     if not hung_bins(view, need).all():
         return []
+    with np.errstate(invalid="ignore"):
+        computing = bool((view.activity()[:, -1] >= COMPUTING_SM_ACTIVE).any())
+    if computing:  # the others wait for it: a long step, until it lasts
+        need = max(need, int(np.ceil(p.waiting_seconds / view.bin_seconds)))
+        if len(view.bins) < need or not hung_bins(view, need).all():
+            return []
     hung = hung_bins(view, len(view.bins))
     run = need
     while run < len(hung) and hung[-run - 1]:

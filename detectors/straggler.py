@@ -109,6 +109,7 @@ NIC_READS: tuple[str, ...] = ()
 _B, _CLOCK = GPU_READS.index(BUSY), GPU_READS.index("sm_clock")
 _TENSOR = GPU_READS.index("tensor_active")
 MIN_WORK_SHARE = 0.02  # a share-type work counter whose peers read below this says nothing
+BASIS_WAIT_BINS = 8  # bins (40 s: a 30 s step and more) tensor work has to show up in
 MIN_BUSY = 0.05  # peers busier than this are compared (below: idle or a pause)
 # The two statistics, in log-ratio units. Their noise floors: a departure smaller than
 # one floor is never one noise unit (window phase and rounding make that much).
@@ -270,16 +271,22 @@ def _follow(level: float, now: float, fall: float) -> float:
 def _work_basis(latest: Array, memory: dict[str, Any]) -> str | None:
     """The job's work-rate source (the activity counter of ``WORK_SOURCES``), chosen
     once, the first bin one reads at a usable level, then kept: the streams learn
-    their offsets on one basis. None while the job has none."""
+    their offsets on one basis. Memory activity stands in only for a job that shows
+    no tensor work for ``BASIS_WAIT_BINS``. None while the job has none."""
     chosen = memory.get("work_basis")
     if chosen is not None:
         return str(chosen)
-    for counter, _clock in WORK_SOURCES:
+    memory["basis_bins"] = seen = int(memory.get("basis_bins", 0)) + 1
+    for rank, (counter, _clock) in enumerate(WORK_SOURCES):
         values = latest[GPU_READS.index(counter)]
         if np.isnan(values).all():
             continue
         level = float(nanmedian(values.ravel(), axis=0))
-        if counter == "mma_cycles_active" or level >= MIN_WORK_SHARE:
+        # a lesser source only once a better one has had a whole step to show: a
+        # first bin in the communication phase reads no tensor work, and memory
+        # traffic there is the collective's, not the step's work
+        if (counter == "mma_cycles_active" or level >= MIN_WORK_SHARE) and (
+                rank < 2 or seen >= BASIS_WAIT_BINS):
             memory["work_basis"] = counter
             return counter
     return None

@@ -93,6 +93,18 @@ def test_a_gpu_missing_its_utilisation_reading_does_not_veto_a_hang() -> None:
     assert gapped and gapped[0]["detected_at"] == at
 
 
+def test_gpus_waiting_for_one_that_still_computes_are_not_hung_for_a_minute() -> None:
+    """Every GPU but one spins in the collective while that one computes (a hot
+    expert in a 30 s step, fleet soak): a wait, not a stuck job, until it lasts."""
+    _, samples, fault = _run("hang", duration=200)
+    for s in samples:
+        if s["node"] == "n2" and s["ts"] >= fault.start:
+            s["gpus"]["5"].update(sm_active=0.9, tensor_active=0.4)
+    runner = ReplayRunner(DetectConfig())
+    hangs = [d for s in samples for d in runner.feed(s) if d["kind"] == "hang"]
+    assert hangs and 60 <= hangs[0]["detected_at"] - fault.start <= 80
+
+
 def test_checkpoint_and_evaluation_pauses_are_not_hangs() -> None:
     events = [Event("checkpoint", START + 40, START + 100), Event("eval", START + 110,
                                                                   START + 170)]

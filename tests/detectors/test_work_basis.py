@@ -1,0 +1,29 @@
+"""The straggler test's work counter is chosen from a bin where the job computes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from detectors.straggler import BASIS_WAIT_BINS, GPU_READS, _work_basis
+
+
+def _latest(tensor: float, dram: float) -> np.ndarray:
+    a = np.full((len(GPU_READS), 2, 4), np.nan)
+    a[GPU_READS.index("tensor_active")] = tensor
+    a[GPU_READS.index("dram_active")] = dram
+    return a
+
+
+def test_memory_activity_stands_in_for_work_only_in_a_job_without_tensor_work() -> None:
+    """A job first read in its communication phase shows no tensor work and the
+    collective's memory traffic: that first bin must not make memory activity the
+    job's work counter for good (fleet soak: a false straggler on a rotating MoE)."""
+    memory: dict[str, Any] = {}
+    assert _work_basis(_latest(0.001, 0.15), memory) is None
+    assert _work_basis(_latest(0.4, 0.5), memory) == "tensor_active"
+    assert _work_basis(_latest(0.0, 0.15), memory) == "tensor_active"  # kept
+    no_tensor: dict[str, Any] = {}
+    found = [_work_basis(_latest(0.0, 0.3), no_tensor) for _ in range(BASIS_WAIT_BINS)]
+    assert found[:-1] == [None] * (BASIS_WAIT_BINS - 1) and found[-1] == "dram_active"
