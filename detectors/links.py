@@ -2,7 +2,7 @@
 
 - PCIe generation or width below the job's typical value, judged only in bins
   where the GPU is under load (idle links legitimately drop to a lower generation),
-  and only while the link has not come back up since (power management does).
+  for a minute in which it never came back up (power management does).
 - NVLink throughput well below the other GPUs of the node while they communicate.
 - InfiniBand: a port rate below its peers', error counters that keep rising, and
   transmit back-pressure (``ib_xmit_wait``) unlike the other ports of the job.
@@ -22,7 +22,8 @@ from detectors.robust import Array, nanmedian, persistent, robust_z, robust_z_ax
 from detectors.window import WindowView
 
 LOADED_SM_ACTIVE = 0.2
-PCIE_RECOVERY_BINS = 12  # a PCIe link back at full generation within these: not degraded
+PCIE_LOOK_BINS = 12  # a PCIe link low under load for this long (a minute) ...
+PCIE_LOW_BINS = 6  # ... in this many loaded bins, and never at its peers' level
 COMMUNICATING_NVLINK = 1e9  # bytes/s: the node's median GPU is moving data
 NVLINK_ABS_FLOOR = COMMUNICATING_NVLINK / 10  # the scale of NVLink's scores: at least
 NVLINK_REL_FLOOR = 0.05  # this, and this share of the node's median
@@ -108,17 +109,19 @@ def _calm_ports(log_wait: Array, z: float) -> bool:
 
 
 def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]]]) -> None:
-    """A GPU whose PCIe generation or width under load is below its peers' in
-    ``need_bins`` of the last ``of_bins`` bins, and has not come back up since.
+    """A GPU whose PCIe generation or width under load has been below its peers' for
+    the last minute: low in ``need_bins`` of the last ``of_bins`` bins, in at least
+    ``PCIE_LOW_BINS`` loaded bins of the last ``PCIE_LOOK_BINS``, and at its peers'
+    level in none of them.
 
     An idle or lightly used link drops to a lower generation to save power and
-    trains back up within milliseconds; a reading is one instant of that. A link that
-    reads its peers' generation under load after a low reading, within the last
-    ``PCIE_RECOVERY_BINS``, can still train up: that is power management (repeated
-    retraining shows in the replay counter, judged below), not a link trained down.
-    A trained-down link (a bad riser, a marginal slot) stays down until a reset, so
-    this costs its detection nothing."""
-    look = max(p.of_bins, PCIE_RECOVERY_BINS)
+    trains back up within milliseconds; a reading is one instant of that, and a bin
+    keeps its best reading. A bin with one reading (a lossy node, a node whose
+    samples arrive late) reads low by chance as often as the link idles (a third of
+    the time in an evaluation pass): three bins in a row happen across a fleet, a
+    minute of them does not. A trained-down link (a bad riser, a marginal slot)
+    stays down until a reset: it is found a minute after it went down."""
+    look = max(p.of_bins, PCIE_LOOK_BINS)
     with np.errstate(invalid="ignore"):
         loaded = view.activity()[:, -look:] > LOADED_SM_ACTIVE
     for metric in ("pcie_gen", "pcie_width"):
@@ -131,8 +134,7 @@ def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]
             full = values >= typical - 0.5
         recent = low[:, -p.of_bins:]
         for i in np.nonzero(recent.sum(axis=1) >= p.need_bins)[0]:
-            first_low = int(np.argmax(low[i]))
-            if full[i, first_low:].any():  # it came back up: power management
+            if full[i].any() or low[i].sum() < PCIE_LOW_BINS:  # power management
                 continue
             node, gpu = view.gpus[i]
             value = float(np.nanmedian(values[i, -p.of_bins:]))

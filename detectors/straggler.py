@@ -24,9 +24,11 @@ the peers' median:
 - the *slowness* ``e``: the stream's busy time per unit of work, ``log(busy /
   work)``, over its peers' median of the same: busy time not explained by work. It
   counts as evidence only in a bin where the stream is busier than its peers
-  (``x > 0``): a GPU level with its peers, or below them, adds none, whatever its
-  power or DRAM readings. (Its normal offset is learned from every bin: learning
-  only from the busier ones would bias it by the busy time's own noise.)
+  by more than the noise floor of a ratio (``x > SLOWNESS_FLOOR``): a GPU level with
+  its peers, or below them, adds none, whatever its power, DRAM or work readings (a
+  cold expert as busy as its peers does less work, and holds nobody back). (Its
+  normal offset is learned from every bin: learning only from the busier ones would
+  bias it by the busy time's own noise.)
 - the *load* ``ℓ = min(x, y)``: busier *and* doing more: workload, reported as
   ``load_imbalance`` (info, never a fault);
 - the *clock deficit* ``log(peer clock / clock)``: a lower SM clock, again evidence
@@ -349,7 +351,9 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         x = np.log(busy / peer_busy)
         y = np.log(work / peer_work)
         lower_clock = np.log(peer_clock / clock)
-        busier = x > 0
+        # busier beyond what a window's phase makes: a GPU as busy as its peers
+        # (+0.2 %) that does less work is a cold expert, not holding anyone back
+        busier = x > SLOWNESS_FLOOR
     compared = enough & (peer_busy >= phase_floor) & (busy > 0)
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)
@@ -359,8 +363,9 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     stats = np.stack([slowness, load, lower_clock])
     valid = compared[None, :] & np.isfinite(stats)  # a zero reading: no ratio to take
     # slowness and a lower clock count as evidence only in a bin where the stream is
-    # busier than its peers (what they learn, their normal offset, comes from every
-    # bin: gating it would bias it by the busy time's own noise)
+    # busier than its peers by more than the noise floor (what they learn, their
+    # normal offset, comes from every bin: gating it would bias it by the busy
+    # time's own noise)
     gate = np.stack([busier, np.ones(x.shape, dtype=bool), busier])
     return _Readings(keys, busy, peer_busy, work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate)

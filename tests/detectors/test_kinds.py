@@ -189,5 +189,11 @@ def test_a_link_that_trains_back_up_under_load_is_power_management_not_a_fault()
     assert _pcie_findings([5, 5, 1, 5, 5, 1, 1, 5, 1, 1, 1, 1]) == []
 
 
+def test_a_link_low_in_single_readings_for_a_few_bins_is_not_yet_a_fault() -> None:
+    """A lossy node in an evaluation pass: one reading a bin, each at generation 1 a
+    third of the time; four in a row are bound to happen somewhere in a fleet."""
+    assert _pcie_findings([5, 5, 5, 5, 5, 5, 5, 5, 1, 1, 1, 1]) == []
+
+
 def test_a_link_trained_down_for_good_is_a_fault() -> None:
-    assert _pcie_findings([5, 5, 5, 5, 5, 5, 5, 5, 5, 3, 3, 3]) == [("n", "3")]
+    assert _pcie_findings([5, 5, 5] + [3] * 12) == [("n", "3")]

@@ -1,4 +1,6 @@
-"""The straggler test's work counter is chosen from a bin where the job computes."""
+"""What the straggler test reads: its work counter is chosen from a bin where the job
+computes, and slowness is evidence only where a GPU is busier than its peers beyond
+the noise floor."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.straggler import BASIS_WAIT_BINS, GPU_READS, _work_basis
+from detectors.straggler import BASIS_WAIT_BINS, GPU_READS, _readings, _work_basis
 
 
 def _latest(tensor: float, dram: float) -> np.ndarray:
@@ -27,3 +29,17 @@ def test_memory_activity_stands_in_for_work_only_in_a_job_without_tensor_work() 
     no_tensor: dict[str, Any] = {}
     found = [_work_basis(_latest(0.0, 0.3), no_tensor) for _ in range(BASIS_WAIT_BINS)]
     assert found[:-1] == [None] * (BASIS_WAIT_BINS - 1) and found[-1] == "dram_active"
+
+
+def test_a_gpu_as_busy_as_its_peers_doing_less_work_gives_no_evidence() -> None:
+    """A cold expert: busy 33.2 % against its peers' 33.1 %, 0.92x their work (fleet
+    soak: four false stragglers on one persistent-MoE job). Its slowness is real per
+    unit of work, but it holds nobody back; a GPU 12 % busier does."""
+    busy = np.array([0.332, 0.371])
+    peers = np.full(2, 0.3313)
+    work = np.array([0.92, 1.0])
+    clock = np.full(2, 1980.0)
+    r = _readings(["cold", "slow"], busy, peers, work, np.ones(2), clock, clock,
+                  np.log(busy / peers / work), "tensor_active", np.ones(2, dtype=bool), 0.05)
+    slowness_gate = r.gate[0]
+    assert not slowness_gate[0] and slowness_gate[1]
