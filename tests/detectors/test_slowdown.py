@@ -57,3 +57,15 @@ def test_thirty_second_steps_with_checkpoints_and_evaluations_are_not_a_slowdown
     assert job.cluster.jobs[0].compute_seconds + job.cluster.jobs[0].comm_seconds == 30
     fired, _ = _run(job.cluster, 3600, seed=100_000 + index)
     assert not [d for d in fired if d["kind"] == "slowdown"], fired
+
+
+def test_the_bins_an_evaluation_began_in_do_not_read_as_a_slowdown_after_it() -> None:
+    """Fleet soak job 3 (rotating MoE, 4 nodes): the evaluation at about t+3540 s.
+    The step-long traffic mean sees the pause a few bins late; the low levels of those
+    bins, kept, read as an inflation for a minute after it (a slowdown at t+3680)."""
+    start = 1_950_000_000.0
+    job = fleet_job(3, start, 7200, seed=1)
+    runner = ReplayRunner(DetectConfig())
+    fired = [d for s in Simulator(job.cluster, start, seed=100_003).samples(3720)
+             for d in runner.feed(s) if d["state"] == "firing" and d["kind"] == "slowdown"]
+    assert fired == []
