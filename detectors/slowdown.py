@@ -77,7 +77,6 @@ def find_slowdown(view: WindowView, others: list[Finding],
     memory["metric"] = metric
     per_node = nanmedian(view.per_node(metric, last=1), axis=1)  # nodes × 1
     level = float(nanmedian(per_node[:, 0], axis=0)) if not np.isnan(per_node).all() else None
-    recent: list[float] = memory.setdefault("recent", [])
     history_now: list[float] = memory.get("history", [])
     reference = memory.get("baseline") or (max(history_now) if history_now else None)
     if level is None or _quiet_fabric(view, memory) or (
@@ -88,11 +87,10 @@ def find_slowdown(view: WindowView, others: list[Finding],
         if not memory.get("open"):
             return []
         return _open(view, memory, float(reference or 0.0), float(level or 0.0))
-    recent.append(round(level, 5))
-    del recent[:-RECENT_BINS]
     bins: list[float] = memory.setdefault("bins", [])
     bins.append(round(level, 5))
     del bins[:-HISTORY_BINS]
+    recent = bins[-RECENT_BINS:]
     if len(recent) < RECENT_BINS // 2:
         return []
     now = statistics.fmean(recent)
@@ -155,10 +153,10 @@ def _spread(bins: list[float]) -> float:
     step's bins repeat a pattern (compute, compute, the collective) whose typical
     difference is zero and whose spread is in the few that are not. The largest
     ``EDGE_SHARE`` of them are left out: a bin half in a checkpoint is a pause's
-    edge, not the step's noise. Near 0
-    for short steps, which every bin averages many times over; larger for 30 s
-    steps, whose bins catch compute or the collective by turns. An inflation has to
-    stand out of it, not only exceed ``MIN_INFLATION``."""
+    edge, not the step's noise. Near 0 for short steps, which every bin averages
+    many times over; larger for 30 s steps, whose bins catch compute or the
+    collective by turns. An inflation has to stand out of it, not only exceed
+    ``MIN_INFLATION``."""
     if len(bins) < MIN_HISTORY_BINS:
         return 0.0
     values = np.asarray(bins)
@@ -210,9 +208,8 @@ def _forget_pause_start(memory: dict[str, Any], before: list[float], floor: floa
             break
         lead += 1
     reference = memory.get("baseline") or max(memory.get("history") or [0.0])
-    recent, bins = memory.get("recent", []), memory.get("bins", [])
-    while lead and recent and bins and recent[-1] * (1.0 + MIN_INFLATION) < reference:
-        recent.pop()
+    bins = memory.get("bins", [])
+    while lead and bins and bins[-1] * (1.0 + MIN_INFLATION) < reference:
         bins.pop()
         lead -= 1
 
