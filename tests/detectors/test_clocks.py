@@ -67,12 +67,26 @@ def test_a_drifting_clock_is_followed_without_alarms() -> None:
 
 def test_small_offsets_are_left_alone() -> None:
     clocks = ClockOffsets()
-    samples = [{"node": f"n{i}", "ts": T0 + t + (i - 1) * 2.0, "job": "j", "gpus": {},
+    samples = [{"node": f"n{i}", "ts": T0 + t + (i - 1) * 0.3, "job": "j", "gpus": {},
                 "nics": {}, "host": {}, "schema": "vigil.sample/1"}
                for t in range(10) for i in range(3)]
     placed = [clocks.place(s)[0] for s in samples]  # type: ignore[arg-type]
     assert all(p is s for p, s in zip(placed, samples, strict=True))
-    assert max(abs(o) for o in clocks.offset.values()) < MIN_CORRECTION
+    assert max(abs(o - clocks.reference) for o in clocks.offset.values()) < MIN_CORRECTION
+
+
+def test_a_few_seconds_of_skew_loses_no_samples_as_late() -> None:
+    """One node 2.8 s behind, one 2.8 s ahead, arrivals reordered by up to 2 s: the
+    watermark follows the node ahead, so uncorrected, about one sample in seven of
+    the node behind came after its bin was evaluated (fleet soak job 80: 249 of
+    1,785 samples of one node in 30 minutes)."""
+    job = JobSpec("j", [f"n{i}" for i in range(8)])
+    cluster = Cluster([job], offsets={"n0": -2.8, "n1": 2.8}, reorder_seconds=2.0)
+    dets, runner = _replay(cluster, 600)
+    assert [d for d in dets if d["state"] == "firing"] == []
+    clocks = runner.engines["j"].clocks
+    assert clocks.offset["n0"] - clocks.reference == pytest.approx(-2.8, abs=0.8)
+    assert runner.engines["j"].late <= 3  # of about 960 samples
 
 
 def test_the_state_survives_a_checkpoint() -> None:
