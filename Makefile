@@ -44,7 +44,7 @@ soak: $(STAMP)
 	  $(PYTEST_ARGS) || rc=$$?; $(TEST_ENV) $(BIN)/vigil down; exit $$rc
 
 # False alarms on 50,000 healthy GPU-hours of simulated jobs, replayed offline (issue
-# #14, #28): 66 minutes on 2 cores (3,932 s measured, 2026-11-25).
+# #14, #28): about an hour on 2 idle cores (3,529 s measured, 2026-11-25).
 # FLEET_ARGS="--gpu-hours 5000" for a shorter run.
 fleet-soak: $(STAMP)
 	$(BIN)/python bench/fleet_soak.py $(FLEET_ARGS)
