@@ -27,10 +27,10 @@ carry different biases too (up to half the longer interval).
 
 A node moves the job's watermark only once ``ESTABLISHED_SAMPLES`` of its samples
 have been placed and its offset is known (a new node's first sample cannot drag
-the job's time). Limits: a job of one or
-two nodes has no majority and is not corrected (the worker's receive time or the
-Kafka append time would be the reference there; not used yet); a job where most
-clocks are off follows the majority.
+the job's time). Limits: a job of one or two nodes has no majority and is not
+corrected (the worker's receive time or the Kafka append time would be the
+reference there; not used yet); a job where most clocks are off follows the
+majority.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class ClockOffsets:
             k = self.estimates[node] = self.estimates.get(node, 0) + 1
             known = self.offset.get(node, gap)
             self.offset[node] = known + max(SMOOTHING, 1.0 / k) * (gap - known)
-        shift = self.offset.get(node, self.reference) - self.reference
+        shift = self._relative(node)
         placed = sample if abs(shift) < MIN_CORRECTION else {**sample, "ts": ts - shift}
         established = count >= ESTABLISHED_SAMPLES and (node in self.offset
                                                         or voters < MIN_VOTERS)
@@ -101,7 +101,11 @@ class ClockOffsets:
         corrected by the whole relative offset (no ``MIN_CORRECTION`` step): what
         silence is judged on. The step that switches a drifting node's correction on
         moves its placed samples back by a second at once, which would read as a gap."""
-        return raw_ts - (self.offset.get(node, self.reference) - self.reference)
+        return raw_ts - self._relative(node)
+
+    def _relative(self, node: str) -> float:
+        """The node's offset from the job's median offset (0 while it has none)."""
+        return self.offset.get(node, self.reference) - self.reference
 
     def _vote(self) -> None:
         """The job's clock: the median of its nodes' latest raw timestamps (a majority

@@ -73,13 +73,13 @@ def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
         return []
     if not hung_bins(view, need).all():
         return []
+    hung = hung_bins(view, len(view.bins))
     with np.errstate(invalid="ignore"):
         computing = bool((view.activity()[:, -1] >= COMPUTING_SM_ACTIVE).any())
     if computing:  # the others wait for it: a long step, until it lasts
         need = max(need, int(np.ceil(p.waiting_seconds / view.bin_seconds)))
-        if len(view.bins) < need or not hung_bins(view, need).all():
+        if len(hung) < need or not hung[-need:].all():
             return []
-    hung = hung_bins(view, len(view.bins))
     run = need
     while run < len(hung) and hung[-run - 1]:
         run += 1

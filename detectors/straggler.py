@@ -279,7 +279,7 @@ def _work_basis(latest: Array, memory: dict[str, Any]) -> str | None:
     if chosen is not None:
         return str(chosen)
     memory["basis_bins"] = seen = int(memory.get("basis_bins", 0)) + 1
-    for rank, (counter, _clock) in enumerate(WORK_SOURCES):
+    for counter, _clock in WORK_SOURCES:
         values = latest[GPU_READS.index(counter)]
         if np.isnan(values).all():
             continue
@@ -288,7 +288,7 @@ def _work_basis(latest: Array, memory: dict[str, Any]) -> str | None:
         # first bin in the communication phase reads no tensor work, and memory
         # traffic there is the collective's, not the step's work
         if (counter == "mma_cycles_active" or level >= MIN_WORK_SHARE) and (
-                rank < 2 or seen >= BASIS_WAIT_BINS):
+                counter != "dram_active" or seen >= BASIS_WAIT_BINS):
             memory["work_basis"] = counter
             return counter
     return None
