@@ -50,11 +50,13 @@ from detectors.window import WindowView
 GPU_READS = ("tensor_active", "sm_active", "gpu_util", "nvlink_tx")
 NIC_READS: tuple[str, ...] = ()
 MIN_INFLATION = 0.10  # steps this much longer than healthy ...
+MIN_NAMED_INFLATION = 0.05  # ... or this much, while a node's GPUs idle (a candidate) ...
 NOISE_Z = 3.0  # ... plus this many of the job's own spreads of its minute levels
 EDGE_SHARE = 0.1  # the largest bin-to-bin differences left out of that spread
 SUSTAIN_BINS = 4  # for this many bins in a row (20 s at 5 s bins) with a suspect node
 LONE_SUSTAIN_BINS = 24  # ... or this many (2 min) with none: longer than a pause lasts
-RECENT_BINS = 12  # the current level is the mean of these (1 min: a long step or two)
+RECENT_BINS = 12  # the current level is the mean of these (1 min: a long step or two) ...
+SHORT_BINS = 3  # ... or of these (15 s), held to the larger noise of a shorter mean
 HISTORY_BINS = 120  # the job's levels kept (10 min at 5 s bins) ...
 HEALTHY_QUANTILE = 0.75  # ... whose upper quartile is its healthy level ...
 MIN_HISTORY_BINS = 12  # ... once it has this many
@@ -85,6 +87,8 @@ def find_slowdown(view: WindowView, others: list[Finding],
         # cycle falls below the floor) is neither evidence nor a new level; it holds
         # a finding already open but opens none
         if not memory.get("open"):
+            for key in ("since", "run", "baseline"):  # a run that has not opened ends
+                memory.pop(key, None)
             return []
         return _open(view, memory, float(reference or 0.0), float(level or 0.0))
     bins: list[float] = memory.setdefault("bins", [])
@@ -104,7 +108,9 @@ def find_slowdown(view: WindowView, others: list[Finding],
     explained = any(f.kind in EXPLAINING or (f.kind == "gpu_health" and f.metrics ==
                                               ("throttle",)) for f in others)
     inflation = healthy / now - 1.0 if healthy is not None and now > 0 else 0.0
-    within_noise = inflation < MIN_INFLATION + NOISE_Z * _spread(bins)
+    within_noise = healthy is None or not (
+        _inflated(bins, healthy, MIN_INFLATION)
+        or (_inflated(bins, healthy, MIN_NAMED_INFLATION) and bool(_candidates(view))))
     if within_noise or explained or int(memory.get("run", 0)) >= MAX_RUN_BINS:
         for key in ("since", "run", "baseline", "open"):
             memory.pop(key, None)
@@ -145,11 +151,25 @@ def _open(view: WindowView, memory: dict[str, Any], healthy: float, now: float
                     inflation, summary, float(memory["since"]), evidence, fire_after=1)]
 
 
-def _spread(bins: list[float]) -> float:
+def _inflated(bins: list[float], healthy: float, floor: float) -> bool:
+    """Whether the job's level, as the mean of its last ``RECENT_BINS`` or of its last
+    ``SHORT_BINS``, sits below ``healthy`` by more than ``floor`` plus
+    ``NOISE_Z`` of that mean's own noise. The minute's mean is the one a long step
+    needs (its bins beat with the step); where a job's bins are steady (steps short
+    against a bin), the shorter mean clears its noise as well, and a data loader that
+    stretched every step is seen in seconds, not after a minute's mean has turned."""
+    for count in (SHORT_BINS, RECENT_BINS):
+        now = statistics.fmean(bins[-count:])
+        if now > 0 and healthy / now - 1.0 >= floor + NOISE_Z * _spread(bins, count):
+            return True
+    return False
+
+
+def _spread(bins: list[float], count: int) -> float:
     """The noise of the job's minute level, relative to it: the bin-to-bin spread of
     its per-bin levels (from first differences, so a level that moved, a slowdown
     itself, is one difference among ``HISTORY_BINS``, not noise) over the square root
-    of a minute's bins. The differences' root mean square, not their median: a 30 s
+    of the ``count`` bins the mean holds. The differences' root mean square, not their median: a 30 s
     step's bins repeat a pattern (compute, compute, the collective) whose typical
     difference is zero and whose spread is in the few that are not. The largest
     ``EDGE_SHARE`` of them are left out: a bin half in a checkpoint is a pause's
@@ -164,7 +184,7 @@ def _spread(bins: list[float]) -> float:
     squares = np.sort(np.diff(values) ** 2)
     kept = squares[:max(1, int(len(squares) * (1 - EDGE_SHARE)))]  # pause edges out
     sigma = math.sqrt(float(np.mean(kept)) / 2.0)
-    return sigma / math.sqrt(RECENT_BINS) / level if level > 0 else 0.0
+    return sigma / math.sqrt(count) / level if level > 0 else 0.0
 
 
 def _quiet_fabric(view: WindowView, memory: dict[str, Any]) -> bool:
