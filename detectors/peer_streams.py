@@ -21,7 +21,10 @@ How a departure is told from normal variation:
   first ``TRAINING_BINS`` comparable bins, which only teach and are not tested, then
   a slow moving average while the stream is quiet. The test may cap the offset it
   uses (GPUs: 10 % of the peers' level), so a GPU already slow when Vigil first sees
-  it is not learned as normal.
+  it is not learned as normal. A stream whose offset is beyond that cap after
+  ``EARLY_BINS`` is tested from then on: more bins of learning could only move an
+  offset the test does not use, and a GPU slow from the job's start is found in
+  seconds after them, not after a minute of teaching.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from detectors.sequential import Cusum, cusum_step
 OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a stream's own offset adapts
 OFFSET_WARMUP_UPDATES = 24  # plain running mean until a stream has this many updates
 TRAINING_BINS = 12  # a stream's first compared bins teach its normal; it is tested after
+EARLY_BINS = 4  # ... or after these, once its offset is beyond the test's cap
 NOISE_TIME_CONSTANT = 60.0  # seconds: the smoothing of the level-wide noise estimate
 VARIANCE_TIME_CONSTANT = 180.0  # seconds: a stream's own variance and autocorrelation
 VARIANCE_PRIOR = 4  # bins: a stream's own variance starts from zero with this weight
@@ -213,7 +217,9 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
                          for c in live])
         offset = np.clip(offset, -bound, bound)
         beyond = (np.abs(f[OFF]) > bound).any(axis=0)
-    training: NDArray[np.bool_] = count < TRAINING_BINS  # not known yet: not tested
+    # not known yet: not tested, unless what it has learned is already beyond the cap
+    # the test uses (a GPU slow from the start): learning more cannot lower its bar
+    training: NDArray[np.bool_] = (count < TRAINING_BINS) & ~(beyond & (count >= EARLY_BINS))
     residual = np.where(valid & ~training, deviation - offset, np.nan)
     sigmas = []
     for c, span in zip(live, spans, strict=True):
@@ -244,7 +250,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     born = np.where(born < 0, last, born)
     # a stream that was already beyond the cap while it trained holds a fault older
     # than its training: that fault is dated from the stream's first bin
-    start = np.where((count == TRAINING_BINS) & beyond, born, last)
+    start = np.where((count <= TRAINING_BINS) & beyond, born, last)
     f[RISE] = np.where(f[SUM] <= 0, -1.0, np.where(before <= 0, start, f[RISE]))
     if comparable:
         evidence = before.max(axis=0)

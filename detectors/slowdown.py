@@ -14,13 +14,18 @@ reading that beats with a long step averages out) is compared with its own
 healthy level: the upper quartile of its levels over the last ten minutes
 (``HISTORY_BINS``), frozen while an inflation is open so a slow level never
 becomes the norm (for up to ``MAX_RUN_BINS``: a job that changed its batch size
-has a new normal). A pause (checkpoint, evaluation: the duty cycle below
+has a new normal); so is the mean of its last ``SHORT_BINS`` (15 s), each
+against its own noise (below). A pause (checkpoint, evaluation: the duty cycle below
 ``PHASE_FLOOR`` of it, or NVLink traffic below ``TRAFFIC_FLOOR`` of its own, as
 no gradients flow, over a whole step) is skipped, not counted. It holds a finding
-already open and opens none. An inflation must exceed ``MIN_INFLATION`` plus
-``NOISE_Z`` times the job's own spread of minute levels: near nothing for short
-steps, which a minute averages many times over, more for 30 s steps, of which a
-minute holds two, cut wherever the bins fall. Only an inflation
+already open, opens none, and ends a run that had not opened. An inflation must
+exceed ``MIN_INFLATION`` plus ``NOISE_Z`` times the noise of the mean it is read
+from (the job's own bin-to-bin spread over the root of the mean's bins): near
+nothing for short steps, which a bin averages many times over, so their 15 s mean
+sees a data loader within seconds; more for 30 s steps, of which a minute holds
+two, cut wherever the bins fall, and whose 15 s mean rarely clears its noise.
+While a node's GPUs idle with no kernel (a candidate, below), ``MIN_NAMED_INFLATION``
+is enough: the idle node is evidence the level alone is not. Only an inflation
 that lasts, while no other finding of the job explains it (a straggler, a link or
 network fault, a hang, a throttled GPU, load imbalance), is a finding: for
 ``SUSTAIN_BINS`` in a row when a node stands out as its cause (below), for
@@ -166,11 +171,11 @@ def _inflated(bins: list[float], healthy: float, floor: float) -> bool:
 
 
 def _spread(bins: list[float], count: int) -> float:
-    """The noise of the job's minute level, relative to it: the bin-to-bin spread of
-    its per-bin levels (from first differences, so a level that moved, a slowdown
-    itself, is one difference among ``HISTORY_BINS``, not noise) over the square root
-    of the ``count`` bins the mean holds. The differences' root mean square, not their median: a 30 s
-    step's bins repeat a pattern (compute, compute, the collective) whose typical
+    """The noise of the job's level as a mean of ``count`` bins, relative to it: the
+    bin-to-bin spread of its per-bin levels (from first differences, so a level that
+    moved, a slowdown itself, is one difference among ``HISTORY_BINS``, not noise)
+    over the square root of ``count``. The differences' root mean square, not their
+    median: a 30 s step's bins repeat a pattern (compute, compute, the collective) whose typical
     difference is zero and whose spread is in the few that are not. The largest
     ``EDGE_SHARE`` of them are left out: a bin half in a checkpoint is a pause's
     edge, not the step's noise. Near 0 for short steps, which every bin averages
