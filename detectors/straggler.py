@@ -25,9 +25,11 @@ the peers' median:
   work)``, over its peers' median of the same: busy time not explained by work. It
   counts as evidence only in a bin where the stream is busier than its peers
   by more than the noise floor of a ratio (``x > SLOWNESS_FLOOR``), in that bin or
-  over the last ``STEP_BINS`` (a long step's bins can fall wholly in its compute,
-  where a stalled GPU is as busy as its peers and only its work is lower; over the
-  step it is busier): a GPU level with its peers, or below them, adds none,
+  over the last ``STEP_BINS`` while level with them in that bin (a long step's bins
+  can fall wholly in its compute, where a stalled GPU is as busy as its peers and
+  only its work is lower; over the step it is busier; a bin in which it is less
+  busy caught the collective, busy time with no work): a GPU level with its peers,
+  or below them, adds none,
   whatever its power, DRAM or work readings (a cold expert as busy as its peers
   does less work, and holds nobody back). (Its
   normal offset is learned from every bin: learning only from the busier ones would
@@ -382,10 +384,13 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         x = np.log(busy / peer_busy)
         y = np.log(work / peer_work)
         lower_clock = np.log(peer_clock / clock)
-        # busier beyond what a window's phase makes, in this bin or over a long
-        # step: a GPU as busy as its peers (+0.2 %) that does less work is a cold
-        # expert, not holding anyone back
-        busier = (x > SLOWNESS_FLOOR) | (step_excess > SLOWNESS_FLOOR)
+        # busier beyond what a window's phase makes, in this bin, or over a long
+        # step while level with its peers in this bin: a GPU as busy as its peers
+        # (+0.2 %) that does less work is a cold expert, not holding anyone back;
+        # one less busy than its peers in this bin caught another part of the step
+        # (the collective: busy time with no work), whatever it did over the step
+        busier = (x > SLOWNESS_FLOOR) | ((step_excess > SLOWNESS_FLOOR)
+                                          & (x > -SLOWNESS_FLOOR))
     compared = enough & (peer_busy >= phase_floor) & (busy > 0)
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)

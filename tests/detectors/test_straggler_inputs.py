@@ -53,11 +53,15 @@ def test_a_gpu_busier_over_a_long_step_counts_where_a_bin_caught_only_compute() 
     while its peers wait at the barrier) and its bin counts; the cold expert, less
     busy over the step, gives none (before, neither counted, and the stall on 10 s
     steps took a minute or more, or was missed)."""
-    busy = np.full(2, 0.99)
-    work = np.array([0.8, 0.8])
-    clock = np.full(2, 1980.0)
-    step_excess = np.array([0.18, -0.05])  # stalled: busy while its peers wait
-    r = _readings(["stalled", "cold"], busy, busy.copy(), work, np.ones(2), clock, clock,
-                  np.log(1 / work), step_excess, "tensor_active", np.ones(2, dtype=bool),
-                  0.05)
-    assert r.gate[0].tolist() == [True, False]
+    busy = np.array([0.99, 0.99, 0.20])
+    peers = np.array([0.99, 0.99, 0.48])
+    work = np.array([0.8, 0.8, 0.33])
+    clock = np.full(3, 1980.0)
+    # stalled: busy while its peers wait; the third, a hot MoE node busier over the
+    # step, whose window caught the collective in this bin (fleet soak job 17: two
+    # false stragglers while the step alone opened the gate)
+    step_excess = np.array([0.18, -0.05, 0.3])
+    r = _readings(["stalled", "cold", "collective"], busy, peers, work, np.ones(3), clock,
+                  clock, np.log(busy / peers / work), step_excess, "tensor_active",
+                  np.ones(3, dtype=bool), 0.05)
+    assert r.gate[0].tolist() == [True, False, False]
