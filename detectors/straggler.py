@@ -24,14 +24,9 @@ the peers' median:
 - the *slowness* ``e``: the stream's busy time per unit of work, ``log(busy /
   work)``, over its peers' median of the same: busy time not explained by work. It
   counts as evidence only in a bin where the stream is busier than its peers
-  by more than the noise floor of a ratio (``x > SLOWNESS_FLOOR``), in that bin or
-  over the last ``STEP_BINS`` while level with them in that bin (a long step's bins
-  can fall wholly in its compute, where a stalled GPU is as busy as its peers and
-  only its work is lower; over the step it is busier; a bin in which it is less
-  busy caught the collective, busy time with no work): a GPU level with its peers,
-  or below them, adds none,
-  whatever its power, DRAM or work readings (a cold expert as busy as its peers
-  does less work, and holds nobody back). (Its
+  by more than the noise floor of a ratio (``x > SLOWNESS_FLOOR``): a GPU level with
+  its peers, or below them, adds none, whatever its power, DRAM or work readings (a
+  cold expert as busy as its peers does less work, and holds nobody back). (Its
   normal offset is learned from every bin: learning only from the busier ones would
   bias it by the busy time's own noise.)
 - the *load* ``ℓ = min(x, y)``: busier *and* doing more: workload, reported as
@@ -66,9 +61,8 @@ load (a departure had to outlast four minutes in a job whose load had moved) are
 retired: load is now measured, not waited out. Two remain, both about phases, not
 load: only bins where the job's busiest GPU is near its recent level are compared
 (warm-up, checkpoints, evaluation and hangs hold the sums; a rise restarts
-training; one bin below it is a long step's collective, not a phase), and a
-stream's first compared bins only teach (four, where its offset is already beyond
-the cap).
+training), and a stream's first compared bins only teach (four, where its offset is
+already beyond the cap).
 
 **Without SM activity** (dcgm-exporter's default field set since 4.0 comments
 ``sm_active`` out, and ``gr_engine_active`` reads 100 % while a GPU spins in a
@@ -85,7 +79,6 @@ down or a clock-event flag is up it cannot be told from more work: it carries
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -138,8 +131,6 @@ LEVEL_TIME_CONSTANT = 600.0  # seconds: how slowly the job's level follows a fal
 RISE = 0.3  # the median GPU this much above the job's level: a new phase (warm-up ended)
 IDLE = 0.1  # a job whose busiest GPU is below this SM activity is not compared
 TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its level
-STEP_BINS = 6  # bins (30 s: the longest step) over which busy time is also compared
-DIP_BINS = 1  # bins out of phase that are a step's own dip, not another phase
 SETTLE_BINS = 16  # compared bins before the job counts as settled
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 STATE_VERSION = 9  # the memory layout of the sequential test
@@ -205,7 +196,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     # a node whose window caught another part of the step (its median GPU below the
     # phase floor: the collective's spinning kernel, no tensor work) compares nothing
     phase_floor = max(MIN_BUSY, TYPICAL_FLOOR * float(memory.get("level", 0.0)))
-    gpu_level, node_level = _levels(view, latest, _step_busy(view), basis, phase_floor)
+    gpu_level, node_level = _levels(view, latest, basis, phase_floor)
     learned = memory.setdefault("streams", {})
     for level in ("node", "gpu"):
         learned[level] = StreamTable.load(learned.get(level))
@@ -265,11 +256,9 @@ def _comparable(sm: Array, last: int, bin_seconds: float, memory: dict[str, Any]
     memory["level"] = _follow(level, typical, fall)
     in_phase = not rise and busiest >= IDLE and typical >= level * TYPICAL_FLOOR
     # the first bin of a phase is not compared: node clocks a few seconds apart put
-    # part of the phase before it into that bin on some nodes. One bin out of phase
-    # is a long step's collective, not a phase: the bin after it is compared
-    out = int(memory.get("out_bins", 2))
-    steady = in_phase and out <= DIP_BINS
-    memory["out_bins"] = 0 if in_phase else out + 1
+    # part of the phase before it into that bin on some nodes
+    steady = in_phase and bool(memory.get("in_phase"))
+    memory["in_phase"] = in_phase
     if steady and "settled_at" not in memory:
         memory["compared"] = memory.get("compared", 0) + 1
         if memory["compared"] >= SETTLE_BINS:
@@ -315,24 +304,8 @@ def _work(latest: Array, basis: str | None) -> Array:
     return rate if clock is None else rate * latest[GPU_READS.index(clock)]
 
 
-def _step_busy(view: WindowView) -> Array:
-    """Each GPU's busy time over the last ``STEP_BINS`` (nodes × slots): a long
-    step's worth. A bin of a long step can fall wholly in its compute, where a GPU
-    stalled for a quarter of its compute is as busy as its peers (all compute) and
-    only its work rate is lower, as a cold expert's is; the stall's extra busy time
-    shows in the bins that hold the peers' wait at the barrier. Over a whole step it
-    is busier, and a cold expert is not."""
-    activity = view.activity()[:, -STEP_BINS:]
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a GPU with no reading: NaN
-        mean = np.nanmean(activity, axis=1)
-    out = np.full((len(view.nodes), view.max_slots), np.nan)
-    out[view.positions()] = mean
-    return out
-
-
-def _levels(view: WindowView, latest: Array, step_busy: Array, basis: str | None,
-            phase_floor: float) -> tuple[_Readings, _Readings]:
+def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: float
+            ) -> tuple[_Readings, _Readings]:
     """Each GPU against the GPUs of its node; each node's median GPU against the
     job's nodes. Peers whose median busy time is below ``phase_floor`` are in another
     part of the step this bin (a lossy node's one window in the collective, say):
@@ -344,25 +317,22 @@ def _levels(view: WindowView, latest: Array, step_busy: Array, basis: str | None
     busy, clock, work = latest[_B], latest[_CLOCK], _work(latest, basis)
     with np.errstate(invalid="ignore", divide="ignore"):
         per_work = np.log(busy / work)
-    node_busy, node_work, node_clock, node_per_work, node_step = (
-        nanmedian(a, axis=1) for a in (busy, work, clock, per_work, step_busy))
+    node_busy, node_work, node_clock, node_per_work = (
+        nanmedian(a, axis=1) for a in (busy, work, clock, per_work))
     peers = (~np.isnan(busy)).sum(axis=1)
     node_idx, slot_idx = view.positions()
     at = (node_idx, slot_idx)
     with np.errstate(invalid="ignore"):  # inf - inf where a GPU read no work: NaN
         own_per_work = per_work[at] - node_per_work[node_idx]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        gpu_step = np.log(step_busy[at] / node_step[node_idx])
-        node_step_excess = np.log(node_step / float(nanmedian(node_step, axis=0)))
     gpu = _readings(view.gpu_keys, busy[at], node_busy[node_idx], work[at],
                     node_work[node_idx], clock[at], node_clock[node_idx], own_per_work,
-                    gpu_step, basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor)
+                    basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work)]
     n = len(view.nodes)
     node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
                      np.full(n, job[1]), node_clock, np.full(n, job[2]),
-                     _minus(node_per_work, job[3]), node_step_excess, basis,
+                     _minus(node_per_work, job[3]), basis,
                      np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS),
                      phase_floor)
     return gpu, node
@@ -374,23 +344,17 @@ def _minus(values: Array, reference: float) -> Array:
 
 
 def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_work: Array,
-              clock: Array, peer_clock: Array, per_work: Array, step_excess: Array,
-              basis: str | None, enough: NDArray[np.bool_], phase_floor: float
-              ) -> _Readings:
+              clock: Array, peer_clock: Array, per_work: Array, basis: str | None,
+              enough: NDArray[np.bool_], phase_floor: float) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
-    (``per_work``: the stream's busy time per unit of work over its peers', log;
-    ``step_excess``: its busy time over its peers' over the last ``STEP_BINS``)."""
+    (``per_work``: the stream's busy time per unit of work over its peers', log)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.log(busy / peer_busy)
         y = np.log(work / peer_work)
         lower_clock = np.log(peer_clock / clock)
-        # busier beyond what a window's phase makes, in this bin, or over a long
-        # step while level with its peers in this bin: a GPU as busy as its peers
-        # (+0.2 %) that does less work is a cold expert, not holding anyone back;
-        # one less busy than its peers in this bin caught another part of the step
-        # (the collective: busy time with no work), whatever it did over the step
-        busier = (x > SLOWNESS_FLOOR) | ((step_excess > SLOWNESS_FLOOR)
-                                          & (x > -SLOWNESS_FLOOR))
+        # busier beyond what a window's phase makes: a GPU as busy as its peers
+        # (+0.2 %) that does less work is a cold expert, not holding anyone back
+        busier = x > SLOWNESS_FLOOR
     compared = enough & (peer_busy >= phase_floor) & (busy > 0)
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)

@@ -40,28 +40,6 @@ def test_a_gpu_as_busy_as_its_peers_doing_less_work_gives_no_evidence() -> None:
     work = np.array([0.92, 1.0])
     clock = np.full(2, 1980.0)
     r = _readings(["cold", "slow"], busy, peers, work, np.ones(2), clock, clock,
-                  np.log(busy / peers / work), np.log(busy / peers), "tensor_active",
-                  np.ones(2, dtype=bool), 0.05)
+                  np.log(busy / peers / work), "tensor_active", np.ones(2, dtype=bool), 0.05)
     slowness_gate = r.gate[0]
     assert not slowness_gate[0] and slowness_gate[1]
-
-
-def test_a_gpu_busier_over_a_long_step_counts_where_a_bin_caught_only_compute() -> None:
-    """10 s steps in 5 s bins: a bin wholly in the compute finds a GPU stalled for a
-    quarter of it as busy as its peers (all compute) with 0.8x their work, as a cold
-    expert is. Over the last ``STEP_BINS`` the stalled one is busier (it computes
-    while its peers wait at the barrier) and its bin counts; the cold expert, less
-    busy over the step, gives none (before, neither counted, and the stall on 10 s
-    steps took a minute or more, or was missed)."""
-    busy = np.array([0.99, 0.99, 0.20])
-    peers = np.array([0.99, 0.99, 0.48])
-    work = np.array([0.8, 0.8, 0.33])
-    clock = np.full(3, 1980.0)
-    # stalled: busy while its peers wait; the third, a hot MoE node busier over the
-    # step, whose window caught the collective in this bin (fleet soak job 17: two
-    # false stragglers while the step alone opened the gate)
-    step_excess = np.array([0.18, -0.05, 0.3])
-    r = _readings(["stalled", "cold", "collective"], busy, peers, work, np.ones(3), clock,
-                  clock, np.log(busy / peers / work), step_excess, "tensor_active",
-                  np.ones(3, dtype=bool), 0.05)
-    assert r.gate[0].tolist() == [True, False, False]
