@@ -69,6 +69,7 @@ MAX_RUN_BINS = 360  # after 30 min a slower level is the job's new normal
 TRAFFIC_FLOOR = 0.5  # NVLink traffic below this share of healthy: a pause, not steps
 TRAFFIC_BINS = 6  # ... averaged over this many bins (30 s: a whole step, up to 30 s long)
 IDLE_MARGIN = 0.05  # a node's GPUs this much less utilised than the job's: idle
+RUN_KEYS = ("since", "run", "baseline")  # an inflation's run, in the job's memory
 EXPLAINING = frozenset({"straggler", "link_health", "network_bound", "hang",
                         "load_imbalance", "node_silent"})
 
@@ -92,7 +93,7 @@ def find_slowdown(view: WindowView, others: list[Finding],
         # cycle falls below the floor) is neither evidence nor a new level; it holds
         # a finding already open but opens none
         if not memory.get("open"):
-            for key in ("since", "run", "baseline"):  # a run that has not opened ends
+            for key in RUN_KEYS:  # a run that has not opened ends
                 memory.pop(key, None)
             return []
         return _open(view, memory, float(reference or 0.0), float(level or 0.0))
@@ -115,7 +116,7 @@ def find_slowdown(view: WindowView, others: list[Finding],
     inflation = healthy / now - 1.0 if healthy is not None and now > 0 else 0.0
     within_noise = healthy is None or not _inflated(bins, healthy)
     if within_noise or explained or int(memory.get("run", 0)) >= MAX_RUN_BINS:
-        for key in ("since", "run", "baseline", "open"):
+        for key in (*RUN_KEYS, "open"):
             memory.pop(key, None)
         history.append(round(now, 5))
         del history[:-HISTORY_BINS]
@@ -161,18 +162,21 @@ def _inflated(bins: list[float], healthy: float) -> bool:
     needs (its bins beat with the step); where a job's bins are steady (steps short
     against a bin), the shorter mean clears its noise as well, and a data loader that
     stretched every step is seen in seconds, not after a minute's mean has turned."""
+    sigma, level = _spread(bins)
     for count in (SHORT_BINS, RECENT_BINS):
         now = statistics.fmean(bins[-count:])
-        if now > 0 and healthy / now - 1.0 >= MIN_INFLATION + NOISE_Z * _spread(bins, count):
+        noise = sigma / math.sqrt(count) / level if level > 0 else 0.0
+        if now > 0 and healthy / now - 1.0 >= MIN_INFLATION + NOISE_Z * noise:
             return True
     return False
 
 
-def _spread(bins: list[float], count: int) -> float:
-    """The noise of the job's level as a mean of ``count`` bins, relative to it: the
-    bin-to-bin spread of its per-bin levels (from first differences, so a level that
-    moved, a slowdown itself, is one difference among ``HISTORY_BINS``, not noise)
-    over the square root of ``count``. The differences' root mean square, not their
+def _spread(bins: list[float]) -> tuple[float, float]:
+    """The noise of one bin's level and the job's typical level (the noise of a mean
+    of ``n`` bins, relative to it, is the first over the root of ``n`` over the
+    second): the bin-to-bin spread of its per-bin levels (from first differences,
+    so a level that moved, a slowdown itself, is one difference among
+    ``HISTORY_BINS``, not noise). The differences' root mean square, not their
     median: a 30 s step's bins repeat a pattern (compute, compute, the collective) whose typical
     difference is zero and whose spread is in the few that are not. The largest
     ``EDGE_SHARE`` of them are left out: a bin half in a checkpoint is a pause's
@@ -181,13 +185,13 @@ def _spread(bins: list[float], count: int) -> float:
     collective by turns. An inflation has to stand out of it, not only exceed
     ``MIN_INFLATION``."""
     if len(bins) < MIN_HISTORY_BINS:
-        return 0.0
+        return 0.0, 0.0
     values = np.asarray(bins)
     level = float(np.median(values))
     squares = np.sort(np.diff(values) ** 2)
     kept = squares[:max(1, int(len(squares) * (1 - EDGE_SHARE)))]  # pause edges out
     sigma = math.sqrt(float(np.mean(kept)) / 2.0)
-    return sigma / math.sqrt(count) / level if level > 0 else 0.0
+    return sigma, level
 
 
 def _quiet_fabric(view: WindowView, memory: dict[str, Any]) -> bool:
