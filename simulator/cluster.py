@@ -128,6 +128,10 @@ class JobSpec:
     moe_fixed_hot: int = 0
     moe_step_noise: float = 0.03  # per-step token noise of each GPU's share
     leaves: dict[str, float] = field(default_factory=dict)  # node → time it leaves the job
+    # the first so many GPUs of each node do this much more work, all of it in
+    # memory-bound kernels (embedding shards, uneven vocabulary or optimizer shards)
+    memory_work_gpus: int = 0
+    memory_work_extra: float = 0.0
 
     def stage_of(self, node_index: int) -> int:
         """Pipeline stage of a node (nodes are assigned round-robin, so DP replicas align)."""
@@ -273,6 +277,8 @@ class Simulator:
                     factor *= 1.2
                 if event == "warmup":
                     factor *= rng.uniform(0.9, 1.1)
+                if g < job.memory_work_gpus:
+                    factor *= 1.0 + job.memory_work_extra
                 work[key] = job.compute_seconds * rng.gauss(1.0, 0.015) * factor
                 speeds[key], states[key] = self._speed(job, node, g, faults, t)
         compute = {k: work[k] * sp.stall / sp.clock for k, sp in speeds.items()}
@@ -343,7 +349,9 @@ class Simulator:
                 st.nvlink_factor = 0.55
         intensity = self._draw((job.name, node, gpu, "intensity"),
                                lambda: self._physics.gauss(1.0, 0.01))
-        st.speed = Speed(clock=clock, stall=stall, intensity=intensity)
+        extra = job.memory_work_extra if g < job.memory_work_gpus else 0.0
+        st.speed = Speed(clock=clock, stall=stall, intensity=intensity,
+                         memory_bound=extra / (1.0 + extra))
         return st.speed, st
 
     def _silicon(self, job: JobSpec, key: tuple[str, str]) -> float:

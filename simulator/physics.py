@@ -14,7 +14,10 @@ Each line follows the counter's definition (DCGM field identifiers in brackets):
   work raises it. ``tensor_active × sm_clock`` is the work rate.
 - ``dram_active`` [1005]: the share of *memory-clock* cycles the DRAM interface
   moved data. The bytes of a step over the step's time: level for a slower SM
-  (stall or clock), up with more work, up when the memory clock is lowered.
+  (stall or clock), up with more work, up when the memory clock is lowered. A
+  memory-bound kernel (an embedding gather, an optimizer step, a norm) moves data
+  most of its time and leaves the tensor pipes idle: a GPU with more such work is
+  busier, its ``dram_active`` up, its ``tensor_active`` level or below.
 - ``gpu_util`` (NVML utilization.gpu): the share of time a kernel ran, whatever it
   did: a GPU spinning in a collective reads 100 %; only a GPU waiting with no
   kernel (for its host's input) reads less.
@@ -36,6 +39,7 @@ NOMINAL_SM_CLOCK = 1980.0
 NOMINAL_MEM_CLOCK = 2619.0
 TENSOR_WHILE_COMPUTING = 0.45  # share of cycles the tensor pipes work, nominal GPU
 DRAM_WHILE_COMPUTING = 0.50  # share of memory cycles moving data while computing
+DRAM_WHILE_MEMORY_BOUND = 0.85  # ... in a memory-bound kernel (bandwidth-limited)
 SM_WHILE_COMPUTING = 0.95
 SM_WHILE_COMMUNICATING = 0.10
 SM_WHILE_WAITING = 1.0 / SM_COUNT  # one spinning NCCL block
@@ -47,12 +51,14 @@ class Speed:
     """How fast a GPU turns work into time: its SM clock and memory clock as shares
     of nominal, its stall factor (time per unit of work at the same clock: memory
     stalls, in-compute link waits; 1 = none) and its static tensor cycles per unit
-    of work (kernel and silicon differences, about 1)."""
+    of work (kernel and silicon differences, about 1); ``memory_bound``: the share of
+    its compute time in memory-bound kernels (tensor pipes idle) beyond its peers'."""
 
     clock: float = 1.0
     mem_clock: float = 1.0
     stall: float = 1.0
     intensity: float = 1.0
+    memory_bound: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -101,9 +107,11 @@ def counters(shares: tuple[float, float, float, float], speed: Speed,
     """The activity counters and power of one window (``noise``: the factor shared
     by every activity counter of this GPU in this window)."""
     idle, compute, wait, comm = shares
-    tensor_rate = TENSOR_WHILE_COMPUTING * speed.intensity / speed.stall
+    mixed = 1.0 - speed.memory_bound  # the share of compute time in the step's usual mix
+    tensor_rate = TENSOR_WHILE_COMPUTING * speed.intensity / speed.stall * mixed
     # a step's bytes over its compute time, as a share of memory-clock cycles
-    dram_rate = DRAM_WHILE_COMPUTING * speed.clock / (speed.stall * speed.mem_clock)
+    dram_rate = (DRAM_WHILE_COMPUTING * speed.clock * mixed
+                 + DRAM_WHILE_MEMORY_BOUND * speed.memory_bound) / (speed.stall * speed.mem_clock)
 
     def ratio(x: float) -> float:
         return min(1.0, max(0.0, x * noise))

@@ -61,3 +61,17 @@ def test_a_straggler_beside_moe_imbalance_is_found(kind: str, severity: float,
     found = [d for d in fired if (d["node"], d["gpu"]) == ("n2", "6")]
     assert found and fired == found[:len(fired)], fired
     assert found[0]["detected_at"] - fault.start <= within + 5  # bin edges: one more bin
+
+
+def test_more_memory_bound_work_is_not_a_straggler_and_a_stall_beside_it_is() -> None:
+    """One GPU of each node does 25 % more work, all of it in memory-bound kernels
+    (an uneven embedding or optimizer shard): busier than its peers with its tensor
+    work level, so tensor work alone read it as slow (every such GPU a straggler
+    before); its DRAM traffic says it does more. A 25 % stall on another GPU keeps
+    both its tensor and its DRAM work level, and is found as fast as anywhere."""
+    job = JobSpec("emb", [f"n{i}" for i in range(4)], memory_work_gpus=1,
+                  memory_work_extra=0.25)
+    fault = Fault("slow_gpu_quiet", "emb", "n2", "6", T0 + 180, severity=1.25)
+    fired = [d for d in _firing(Cluster([job], [fault]), 300, 7) if d["kind"] == "straggler"]
+    assert [(d["node"], d["gpu"]) for d in fired] == [("n2", "6")], fired
+    assert fired[0]["detected_at"] - fault.start <= 20
