@@ -12,9 +12,10 @@ holds the counter definitions this follows).
 Work and speed are kept apart, as the hardware keeps them. A GPU's compute time is
 its work divided by its speed: more work (a hot MoE expert, an uneven memory-bound
 shard) and a slower GPU (a stall, a lower clock) both stretch it, and only the
-counters that measure work per elapsed cycle tell which. Job types: data parallel; pipeline parallel, whose stages
-legitimately differ; mixture-of-experts with heavy all-to-all and expert load that
-persists, wanders, jumps when experts are re-placed, rotates or dwells. Healthy
+counters that measure work per elapsed cycle tell which. Job types: data parallel;
+pipeline parallel, whose stages legitimately differ; mixture-of-experts with heavy
+all-to-all and expert load that persists, wanders, jumps when experts are
+re-placed, rotates or dwells. Healthy
 look-alikes (warm-up, checkpoints, evaluation pauses, idle PCIe power saving, clock
 skew, lost and reordered messages) sit beside injected faults, each listed as a
 ground-truth label.

@@ -2,8 +2,9 @@
 that nobody faults, with the life a real fleet has (warm-up, checkpoints,
 evaluations, steps of 0.3 s to 30 s, MoE load that moves, wanders, jumps when
 experts are re-placed or stays hot for good, static GPU differences, GPUs with more
-memory-bound work than their peers, a lossy node, skewed and drifting clocks). Every detection that fires on it is a false alarm,
-except ``load_imbalance``: that reports workload, and is counted apart.
+memory-bound work than their peers, a lossy node, skewed and drifting clocks). Every
+detection that fires on it is a false alarm, except ``load_imbalance``: that reports
+workload, and is counted apart.
 
 The rate is reported per 1,000 GPU-days with its one-sided 95 % Poisson upper bound:
 zero alarms in E GPU-days bounds the rate below ``3.0 / E`` (``-ln 0.05``).
