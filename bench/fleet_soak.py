@@ -55,6 +55,9 @@ def main() -> int:
     parser.add_argument("--hours-per-job", type=float, default=2.0)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--first", type=int, default=0,
+                        help="start at this job of the plan (finish a run that was "
+                             "stopped: the jobs are the same every time)")
     args = parser.parse_args()
     seconds = args.hours_per_job * 3600.0
     tasks, planned = [], 0.0
@@ -62,6 +65,7 @@ def main() -> int:
         job = fleet_job(len(tasks), START, seconds, args.seed)
         tasks.append((len(tasks), seconds, args.seed))
         planned += job.gpu_hours
+    tasks = tasks[args.first:]
     began = time.time()
     done: list[dict[str, Any]] = []
     with ProcessPoolExecutor(args.procs) as pool:
