@@ -129,11 +129,12 @@ def main() -> int:
     jobs = [(args.foreign, trace, variant) for trace in TRACES for variant in VARIANTS]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(_run, jobs))
+    required = {trace: _required(args.foreign, trace) for trace in TRACES}
     print("| trace | variant | F1 | found | false | median delay s | max delay s | missed |")
     print("|---|---|---|---|---|---|---|---|")
     for trace, variant, score in results:
         missed = [name for name, fault in score["per_fault"].items()
-                  if fault is None and name in _required(args.foreign, trace)]
+                  if fault is None and name in required[trace]]
         print(f"| {trace} | {variant} | {score['f1']:.3f} | {score['found']}/{score['faults']} "
               f"| {score['false']} | {score['median_delay']} | {score['max_delay']} "
               f"| {', '.join(missed) or '–'} |")

@@ -134,6 +134,10 @@ class JobSpec:
     memory_work_gpus: int = 0
     memory_work_extra: float = 0.0
 
+    def memory_work(self, gpu: int) -> float:
+        """The extra share of work GPU ``gpu`` of a node does in memory-bound kernels."""
+        return self.memory_work_extra if gpu < self.memory_work_gpus else 0.0
+
     def stage_of(self, node_index: int) -> int:
         """Pipeline stage of a node (nodes are assigned round-robin, so DP replicas align)."""
         return node_index % max(1, min(self.stages, len(self.nodes)))
@@ -278,8 +282,7 @@ class Simulator:
                     factor *= 1.2
                 if event == "warmup":
                     factor *= rng.uniform(0.9, 1.1)
-                if g < job.memory_work_gpus:
-                    factor *= 1.0 + job.memory_work_extra
+                factor *= 1.0 + job.memory_work(g)
                 work[key] = job.compute_seconds * rng.gauss(1.0, 0.015) * factor
                 speeds[key], states[key] = self._speed(job, node, g, faults, t)
         compute = {k: work[k] * sp.stall / sp.clock for k, sp in speeds.items()}
@@ -350,7 +353,7 @@ class Simulator:
                 st.nvlink_factor = 0.55
         intensity = self._draw((job.name, node, gpu, "intensity"),
                                lambda: self._physics.gauss(1.0, 0.01))
-        extra = job.memory_work_extra if g < job.memory_work_gpus else 0.0
+        extra = job.memory_work(g)
         st.speed = Speed(clock=clock, stall=stall, intensity=intensity,
                          memory_bound=extra / (1.0 + extra))
         return st.speed, st
