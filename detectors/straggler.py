@@ -70,14 +70,19 @@ collective, so it is no busy time), tensor activity stands in for busy time: a
 throttled GPU is still found (its tensor share rises as its clock falls, its work
 rate stays level), a stall at the same clock is not (its tensor share stays level).
 
-**Known limit: more memory-bound work reads as a stall.** Work is tensor work, so a
-GPU with more memory-bound kernels than its peers (an embedding gather, an uneven
-optimizer or vocabulary shard: busier, tensor work level, DRAM traffic up) is
-slow to this test. Taking slowness as the smaller excess over tensor work and over
-memory work (``dram_active × mem_clock``) fixed that in the simulator, but raised
-a false straggler on a persistent hot expert in the fleet soak, whose own slowness
-was unchanged (likely: the noise the test estimates across streams came out
-smaller), so it was taken out (bench/RESULTS.md, held-out section).
+**More memory-bound work is not a stall.** Work above is tensor work, so a GPU
+with more memory-bound kernels than its peers (an embedding gather, an uneven
+optimizer or vocabulary shard) is busier with its tensor work level. Its DRAM
+traffic tells it apart: it moves more bytes per tensor cycle than its peers, and
+its busy time per byte moved (``dram_active × mem_clock``) is not above theirs. A
+stall or a lower SM clock moves the same bytes and does the same tensor work in
+more time, so both excesses rise together. In a bin where memory work explains the
+busy time that way, slowness counts against a fault, never for one; what the
+stream learns, and the noise, are left as they are. (Taking the smaller of the two
+excesses as the statistic instead, 05717f6, made the noise estimated across
+streams smaller and raised a false straggler on a persistent hot expert in the
+fleet soak.) Left: a stall on such a GPU smaller than its memory excess is not
+seen while the excess lasts.
 
 **Without a work signal** (an exporter without the profiling fields), ``s`` is the
 busy excess alone: such a finding says ``work_basis: none``, and unless its clock is
@@ -324,27 +329,49 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     median: the median of busy times and the median of work rates of a node whose
     load varies are two different GPUs, and their ratio would describe neither."""
     busy, clock, work = latest[_B], latest[_CLOCK], _work(latest, basis)
+    # memory work (bytes moved per second) as a second reading of work, where the
+    # basis is another counter
+    memory = (_work(latest, "dram_active") if basis not in (None, "dram_active")
+              else np.full(busy.shape, np.nan))
     with np.errstate(invalid="ignore", divide="ignore"):
         per_work = np.log(busy / work)
-    node_busy, node_work, node_clock, node_per_work = (
-        nanmedian(a, axis=1) for a in (busy, work, clock, per_work))
+        per_memory_work = np.log(busy / memory)
+    node_busy, node_work, node_clock, node_per_work, node_per_memory_work = (
+        nanmedian(a, axis=1) for a in (busy, work, clock, per_work, per_memory_work))
     peers = (~np.isnan(busy)).sum(axis=1)
     node_idx, slot_idx = view.positions()
     at = (node_idx, slot_idx)
     with np.errstate(invalid="ignore"):  # inf - inf where a GPU read no work: NaN
         own_per_work = per_work[at] - node_per_work[node_idx]
+        own_per_memory_work = per_memory_work[at] - node_per_memory_work[node_idx]
     gpu = _readings(view.gpu_keys, busy[at], node_busy[node_idx], work[at],
                     node_work[node_idx], clock[at], node_clock[node_idx], own_per_work,
-                    basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor)
+                    basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor,
+                    _memory_explains(own_per_work, own_per_memory_work))
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
-           for a in (node_busy, node_work, node_clock, node_per_work)]
+           for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work)]
     n = len(view.nodes)
+    node_slowness = _minus(node_per_work, job[3])
     node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
                      np.full(n, job[1]), node_clock, np.full(n, job[2]),
-                     _minus(node_per_work, job[3]), basis,
+                     node_slowness, basis,
                      np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS),
-                     phase_floor)
+                     phase_floor,
+                     _memory_explains(node_slowness, _minus(node_per_memory_work, job[4])))
     return gpu, node
+
+
+def _memory_explains(slowness: Array, memory_slowness: Array) -> NDArray[np.bool_]:
+    """Where a stream's busy time is explained by memory work: its busy time per
+    byte moved is not above its peers' (``memory_slowness`` within the slowness
+    floor) *and* it moves more bytes per tensor cycle than they do (by more than the
+    load floor). That is more memory-bound work (an embedding gather, an uneven
+    optimizer shard), not a stall: a stall or a lower clock does the same tensor
+    work and moves the same bytes in more time, so both excesses rise together and
+    the bytes per tensor cycle stay level. NaN (no DRAM reading): not explained."""
+    with np.errstate(invalid="ignore"):
+        return np.asarray((memory_slowness <= SLOWNESS_FLOOR)
+                          & (slowness - memory_slowness > LOAD_FLOOR), dtype=bool)
 
 
 def _minus(values: Array, reference: float) -> Array:
@@ -354,9 +381,12 @@ def _minus(values: Array, reference: float) -> Array:
 
 def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_work: Array,
               clock: Array, peer_clock: Array, per_work: Array, basis: str | None,
-              enough: NDArray[np.bool_], phase_floor: float) -> _Readings:
+              enough: NDArray[np.bool_], phase_floor: float,
+              memory_explained: NDArray[np.bool_]) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
-    (``per_work``: the stream's busy time per unit of work over its peers', log)."""
+    (``per_work``: the stream's busy time per unit of work over its peers', log;
+    ``memory_explained``: where more memory work explains the busy time, so
+    slowness may not count for a fault)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.log(busy / peer_busy)
         y = np.log(work / peer_work)
@@ -376,7 +406,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     # busier than its peers by more than the noise floor (what they learn, their
     # normal offset, comes from every bin: gating it would bias it by the busy
     # time's own noise)
-    gate = np.stack([busier, np.ones(x.shape, dtype=bool), busier])
+    gate = np.stack([busier & ~memory_explained, np.ones(x.shape, dtype=bool), busier])
     return _Readings(keys, busy, peer_busy, work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate)
 

@@ -63,17 +63,12 @@ def test_a_straggler_beside_moe_imbalance_is_found(kind: str, severity: float,
     assert found[0]["detected_at"] - fault.start <= within + 5  # bin edges: one more bin
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limit: slowness reads tensor work only, so more memory-bound work is a "
-    "stall to it; reading memory work too (05717f6) fixed this but raised a false "
-    "straggler on fleet-soak job 107 and was taken out (bench/RESULTS.md)"))
 def test_more_memory_bound_work_is_not_a_straggler_and_a_stall_beside_it_is() -> None:
     """One GPU of each node does 25 % more work, all of it in memory-bound kernels
     (an uneven embedding or optimizer shard): busier than its peers with its tensor
     work level, so tensor work alone reads it as slow; its DRAM traffic says it does
     more. A 25 % stall on another GPU keeps both its tensor and its DRAM work level,
-    and must be found as fast as anywhere. Strict: when this passes, the limit is
-    gone and the marker must go."""
+    and must be found as fast as anywhere."""
     job = JobSpec("emb", [f"n{i}" for i in range(4)], memory_work_gpus=1,
                   memory_work_extra=0.25)
     fault = Fault("slow_gpu_quiet", "emb", "n2", "6", T0 + 180, severity=1.25)

@@ -1,9 +1,10 @@
 """A healthy fleet for the false-alarm soak (issue #14): jobs of every kind and size
 that nobody faults, with the life a real fleet has (warm-up, checkpoints,
 evaluations, steps of 0.3 s to 30 s, MoE load that moves, wanders, jumps when
-experts are re-placed or stays hot for good, static GPU differences, a lossy node,
-skewed and drifting clocks). Every detection that fires on it is a false alarm,
-except ``load_imbalance``: that reports workload, and is counted apart.
+experts are re-placed or stays hot for good, static GPU differences, GPUs with more
+memory-bound work than their peers, a lossy node, skewed and drifting clocks). Every
+detection that fires on it is a false alarm, except ``load_imbalance``: that reports
+workload, and is counted apart.
 
 The rate is reported per 1,000 GPU-days with its one-sided 95 % Poisson upper bound:
 zero alarms in E GPU-days bounds the rate below ``3.0 / E`` (``-ln 0.05``).
@@ -84,6 +85,11 @@ def fleet_job(index: int, start: float, seconds: float, seed: int) -> FleetJob:
         ahead, drifting = rng.sample(job.nodes, 2)
         impairments["offsets"] = {ahead: rng.choice((-30.0, 30.0))}
         impairments["drift"] = {drifting: rng.uniform(-60, 60)}
+    # drawn last, so that every other draw of a job is what it was before this was
+    # added: embedding or optimizer shards left uneven on one or two GPUs a node
+    if not kind.startswith("moe") and rng.random() < 0.3:
+        job.memory_work_gpus = rng.choice((1, 2))
+        job.memory_work_extra = rng.uniform(0.10, 0.30)
     cluster = Cluster([job], skew_seconds=3.0, loss=0.01, reorder_seconds=2.0,
                       **impairments)  # type: ignore[arg-type]
     return FleetJob(name, cluster, seconds)

@@ -19,7 +19,10 @@ Healthy look-alikes (nothing may fire):
   2,000 steps), jumps when experts are re-placed (every 1,000–3,000 steps), per-step
   token noise, and one GPU whose experts stay hot for good (+20–50 %);
 - ``steps_short`` / ``steps_long``: steps of 0.3 s and 30 s (a one-second reading
-  beats with a long step).
+  beats with a long step);
+- ``memory_work``: one GPU of each node does 15–30 % more work, all of it in
+  memory-bound kernels (an uneven embedding or optimizer shard): busier, with its
+  tensor work level and its DRAM traffic up.
 
 Faults (each must be found, on the right GPU or node):
 - ``quiet_12`` / ``quiet_25``: a GPU 12 % / 25 % slower with no clock or flag change;
@@ -162,6 +165,12 @@ def _clocks(name: str, nodes: int, rng: random.Random
     return job, [], {"offsets": {ahead: 30.0}, "drift": {drifting: 60.0}}
 
 
+def _memory_work(name: str, nodes: int, rng: random.Random
+                 ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
+    return _job(name, nodes, memory_work_gpus=1,
+                memory_work_extra=rng.uniform(0.15, 0.30)), [], {}
+
+
 def _degraded_at_start(name: str, nodes: int, rng: random.Random
                        ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
     job = _job(name, nodes)
@@ -196,6 +205,7 @@ CLASSES = (
     PhysicsClass("moe_throttled", _moe_persistent(False, "slow_gpu", 1.25), effect="25 %+"),
     PhysicsClass("quiet_25_long_steps", _steps(8.0, 2.0, "slow_gpu_quiet", 1.25),
                  effect="25 %+"),
+    PhysicsClass("memory_work", _memory_work),
 )
 
 
