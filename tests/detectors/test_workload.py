@@ -63,15 +63,20 @@ def test_a_straggler_beside_moe_imbalance_is_found(kind: str, severity: float,
     assert found[0]["detected_at"] - fault.start <= within + 5  # bin edges: one more bin
 
 
-def test_more_memory_bound_work_is_not_a_straggler_and_a_stall_beside_it_is() -> None:
+@pytest.mark.parametrize(("stalled", "within"), [
+    ("6", 20.0),  # another GPU: as fast as anywhere (10 s, two bins; one more for edges)
+    ("0", 25.0),  # the GPU with the memory work: its stall must still show above it
+])
+def test_more_memory_bound_work_is_not_a_straggler_and_a_stall_is(stalled: str,
+                                                                   within: float) -> None:
     """One GPU of each node does 25 % more work, all of it in memory-bound kernels
     (an uneven embedding or optimizer shard): busier than its peers with its tensor
     work level, so tensor work alone reads it as slow; its DRAM traffic says it does
-    more. A 25 % stall on another GPU keeps both its tensor and its DRAM work level,
-    and must be found as fast as anywhere."""
+    more. A 25 % stall keeps both tensor and DRAM work level while busy time rises,
+    and must be found, on another GPU or on the memory-bound one itself."""
     job = JobSpec("emb", [f"n{i}" for i in range(4)], memory_work_gpus=1,
                   memory_work_extra=0.25)
-    fault = Fault("slow_gpu_quiet", "emb", "n2", "6", T0 + 180, severity=1.25)
+    fault = Fault("slow_gpu_quiet", "emb", "n2", stalled, T0 + 180, severity=1.25)
     fired = [d for d in _firing(Cluster([job], [fault]), 300, 7) if d["kind"] == "straggler"]
-    assert [(d["node"], d["gpu"]) for d in fired] == [("n2", "6")], fired
-    assert fired[0]["detected_at"] - fault.start <= 20
+    assert [(d["node"], d["gpu"]) for d in fired] == [("n2", stalled)], fired
+    assert fired[0]["detected_at"] - fault.start <= within
