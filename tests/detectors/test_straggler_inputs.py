@@ -8,7 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from detectors.straggler import BASIS_WAIT_BINS, GPU_READS, _readings, _work_basis
+from detectors.straggler import (
+    BASIS_WAIT_BINS,
+    GPU_READS,
+    _memory_explains,
+    _readings,
+    _work_basis,
+)
 
 
 def _latest(tensor: float, dram: float) -> np.ndarray:
@@ -40,6 +46,24 @@ def test_a_gpu_as_busy_as_its_peers_doing_less_work_gives_no_evidence() -> None:
     work = np.array([0.92, 1.0])
     clock = np.full(2, 1980.0)
     r = _readings(["cold", "slow"], busy, peers, work, np.ones(2), clock, clock,
-                  np.log(busy / peers / work), "tensor_active", np.ones(2, dtype=bool), 0.05)
+                  np.log(busy / peers / work), "tensor_active", np.ones(2, dtype=bool), 0.05,
+                  np.zeros(2, dtype=bool))
     slowness_gate = r.gate[0]
     assert not slowness_gate[0] and slowness_gate[1]
+
+
+def test_busy_time_explained_by_memory_work_is_no_evidence_and_a_stall_is() -> None:
+    """Slowness over tensor work and over memory work (log excess over the peers').
+    More memory-bound work: 22 % over tensor work, 13 % *under* it per byte. A 25 %
+    stall: both up by as much. A stall on a GPU that also moves more bytes: per byte
+    still above its peers. No DRAM reading: nothing explained."""
+    slowness = np.array([0.22, 0.22, 0.35, 0.22])
+    per_byte = np.array([-0.13, 0.22, 0.09, np.nan])
+    assert _memory_explains(slowness, per_byte).tolist() == [True, False, False, False]
+    busy, peers = np.full(4, 0.9), np.full(4, 0.72)
+    ones, clock = np.ones(4), np.full(4, 1980.0)
+    r = _readings(list("abcd"), busy, peers, ones, ones, clock, clock, slowness,
+                  "tensor_active", np.ones(4, dtype=bool), 0.05,
+                  _memory_explains(slowness, per_byte))
+    assert r.gate[0].tolist() == [False, True, True, True]
+    assert r.gate[2].all()  # a lower clock would still count: a hardware signature
