@@ -82,7 +82,9 @@ stream learns, and the noise, are left as they are. (Taking the smaller of the t
 excesses as the statistic instead, 05717f6, made the noise estimated across
 streams smaller and raised a false straggler on a persistent hot expert in the
 fleet soak.) Left: a stall on such a GPU smaller than its memory excess is not
-seen while the excess lasts.
+seen while the excess lasts; and a fault that keeps the memory interface busy for
+more cycles per byte at the same memory clock (retries, say) would read as memory
+work (a lowered memory clock does not: the bytes per second stay level).
 
 **Without a work signal** (an exporter without the profiling fields), ``s`` is the
 busy excess alone: such a finding says ``work_basis: none``, and unless its clock is
