@@ -329,7 +329,8 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
 
     Busy time per unit of work, ``log(busy / work)``, is taken per GPU before any
     median: the median of busy times and the median of work rates of a node whose
-    load varies are two different GPUs, and their ratio would describe neither."""
+    load varies are two different GPUs, and their ratio would describe neither.
+    Busy time per byte moved is taken the same way, for ``_memory_explains``."""
     busy, clock, work = latest[_B], latest[_CLOCK], _work(latest, basis)
     # memory work (bytes moved per second) as a second reading of work, where the
     # basis is another counter
