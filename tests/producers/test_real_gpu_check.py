@@ -39,7 +39,10 @@ def _write_run(tmp: Path, power_scale: float) -> tuple[Path, Path, Path]:
         def publish(self, sample: dict[str, object]) -> None:
             lines.append(encode_sample(sample))
 
-    agent = Agent("n1", {"nvml": NvmlSource(FakeNvml(gpus=2))}, Sink(), None, StaticJob("j"),
+    # the fake GPU on the same clock as the agent: its energy counter then grows by
+    # the power over each 1 s tick, not over the real microseconds between ticks
+    nvml = FakeNvml(gpus=2, clock=lambda: clock[0])
+    agent = Agent("n1", {"nvml": NvmlSource(nvml)}, Sink(), None, StaticJob("j"),
                   wall=lambda: T0 + clock[0], monotonic=lambda: clock[0])
     smi = ["timestamp, uuid, power.draw [W], clocks.sm [MHz], clocks.mem [MHz], "
            "temperature.gpu, utilization.gpu [%], memory.used [MiB], pcie.link.gen.current, "
