@@ -16,17 +16,21 @@ monitor exactly as sent, so one XID is never repeated.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import KeysView, Sequence
 from typing import Any
 
 HELD_LAYOUT = 3  # the layout of the state below; a checkpoint in another starts empty
 READABLE_LAYOUTS = (2, HELD_LAYOUT)  # layout 2 is layout 3 without the shorthand below
 # one device: [values, times, newest]: the last published value of each window metric
 # and its event time (None: none held), in the window's metric order, and the newest
-# of those times. ``times`` is None when every value was published at ``newest`` (a
-# full sample replaced them): the usual case costs no list of times at all.
+# of those times. A value None (in a checkpoint) or NaN (in memory) is no value, and
+# has no time. ``times`` is None when every value there is was published at
+# ``newest`` (a sample replaced them whole): the usual case costs no list of times.
 DeviceHeld = list[Any]
 HeldState = dict[str, dict[str, dict[str, DeviceHeld]]]  # node → "g"|"n" → device
+# node → "g"|"n" → device → the keys of the sample that last replaced its values
+# whole, and left nothing held for a metric that sample lacked
+SentKeys = dict[str, dict[str, frozenset[str]]]
 
 
 class HeldReadings:
@@ -34,7 +38,11 @@ class HeldReadings:
 
     A sample carrying every window metric (what a full-rate agent sends) replaces its
     device's values whole, in O(1) (the values are shared with the window and never
-    changed in place); only a sample lacking some takes the per-metric path.
+    changed in place). So does a sample, in order, lacking the same metrics as the
+    one that last replaced them whole (no source sends every catalog metric: a
+    source that never exports some leaves the same gaps every time), as nothing is
+    held for those. Only other samples (adaptive sampling's, late ones) take the
+    per-metric path.
     """
 
     def __init__(self, hold_seconds: float, state: dict[str, Any] | None = None) -> None:
@@ -48,6 +56,9 @@ class HeldReadings:
         # sweep, which takes its bound.
         self.oldest: dict[str, float] = {}
         self.earliest = -math.inf  # no later than every bound; -inf: some node has none
+        # what each device's values were last replaced whole with (not checkpointed:
+        # a device missing here takes the per-metric path once)
+        self.whole: dict[str, SentKeys] = {}
 
     def to_state(self) -> dict[str, Any]:
         """The held values, for a checkpoint."""
@@ -70,10 +81,20 @@ class HeldReadings:
                 self.earliest = min(self.earliest, ts)
         return mine
 
+    def sent_keys(self, node: str) -> SentKeys:
+        """The node's devices' keys of the sample that last replaced their values
+        whole (``fill`` reads and keeps them; a whole replacement of another kind
+        must drop the device's)."""
+        mine = self.whole.get(node)
+        if mine is None:
+            mine = self.whole[node] = {"g": {}, "n": {}}
+        return mine
+
     def forget_node(self, node: str) -> None:
         """The node left the job: nothing of it is held any more."""
         self.state.pop(node, None)
         self.oldest.pop(node, None)
+        self.whole.pop(node, None)
 
     @staticmethod
     def remember(kept: dict[str, DeviceHeld], dev: str, values: Sequence[float | None],
@@ -90,25 +111,37 @@ class HeldReadings:
                 held[i], times[i] = value, ts
         kept[dev] = [held, times, mine[2]]
 
-    def fill(self, kept: dict[str, DeviceHeld], dev: str, metrics: tuple[str, ...],
-             readings: dict[str, float], ts: float) -> list[float | None]:
-        """``dev``'s values of ``metrics`` at ``ts``: its readings, else a value held at
-        most ``hold_seconds`` (None: no reading); its readings are remembered."""
+    def fill(self, kept: dict[str, DeviceHeld], whole: dict[str, frozenset[str]], dev: str,
+             values: Sequence[float], sent: KeysView[str], ts: float) -> Sequence[float]:
+        """``dev``'s values of the window metrics at ``ts``: ``values``, what it sent
+        (NaN where it sent nothing, its keys ``sent``), else a value held at most
+        ``hold_seconds`` (NaN: no reading); what it sent is remembered. ``whole``:
+        the node's section of ``sent_keys``. ``values`` itself is returned where
+        nothing is held for what it lacks."""
         mine = kept.get(dev)
-        held = list(mine[0]) if mine is not None else [None] * len(metrics)
-        times: list[float | None] = (_times(mine, len(metrics)) if mine is not None
-                                     else [None] * len(metrics))
-        out: list[float | None] = []
-        for i, name in enumerate(metrics):
-            value = readings.get(name)
+        if mine is None or (mine[1] is None and ts >= mine[2] and whole.get(dev) == sent):
+            kept[dev] = [values, None, ts]
+            if mine is None:
+                whole[dev] = frozenset(sent)
+            return values
+        held, times = list(mine[0]), _times(mine, len(values))
+        out = list(values)
+        for i, value in enumerate(values):
             at = times[i]
-            if value is None:
+            if value is None or value != value:  # not sent
                 if at is not None and 0.0 <= ts - at <= self.hold_seconds:
-                    value = held[i]
+                    out[i] = held[i]
             elif at is None or ts >= at:
                 held[i], times[i] = value, ts
-            out.append(value)
-        kept[dev] = [held, times, ts if mine is None else max(mine[2], ts)]
+        newest = max(mine[2], ts)
+        whole.pop(dev, None)
+        if all(at is None or at == newest for at in times):  # replaced whole after all
+            kept[dev] = [held, None, newest]
+            if all(at is None for at, v in zip(times, values, strict=True)
+                   if v is None or v != v):  # nothing held where this one sent nothing
+                whole[dev] = frozenset(sent)
+        else:
+            kept[dev] = [held, times, newest]
         return out
 
     def forget_before(self, ts: float) -> None:
@@ -145,9 +178,14 @@ class HeldReadings:
             else:
                 del self.state[node]
                 oldest.pop(node, None)
+                self.whole.pop(node, None)
         self.earliest = min(oldest.values(), default=math.inf)
 
 
 def _times(mine: DeviceHeld, width: int) -> list[float | None]:
-    """A held device's times, one per metric (a copy, to change)."""
-    return [mine[2]] * width if mine[1] is None else list(mine[1])
+    """A held device's times, one per metric (a copy, to change): None where it holds
+    no value."""
+    if mine[1] is not None:
+        return list(mine[1])
+    newest = mine[2]
+    return [None if v is None or v != v else newest for v in mine[0]]

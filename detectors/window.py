@@ -175,6 +175,8 @@ class JobWindow:
                         for k, v in self.metrics.items()}
         self._read_all = {k: _reader(v) for k, v in self.metrics.items()}
         self._pack = {k: _packer(len(v)) for k, v in self.metrics.items()}
+        # every metric as no reading: a sample's readings laid over it are read whole
+        self._gap_rows = {k: dict.fromkeys(v, math.nan) for k, v in self.metrics.items()}
         self._metric_at = {k: {m: i for i, m in enumerate(v)} for k, v in self.metrics.items()}
         # derived, not persisted: the last sorted device list per section, and the
         # last settled window's block per section
@@ -218,19 +220,22 @@ class JobWindow:
         if node_bin is None:
             node_bin = nodes[sample["node"]] = {"g": {}, "n": {}}
         mine = held.node(sample["node"], ts) if held is not None else None
+        whole = held.sent_keys(sample["node"]) if held is not None else None
         for section, devices in (("g", sample["gpus"]), ("n", sample["nics"])):
-            metrics = self.metrics[section]
             read_all = self._read_all[section]
             pack = self._pack[section]
+            gap_row = self._gap_rows[section]
             target = node_bin[section]
             kept = mine[section] if mine is not None else None
+            sent_whole = whole[section] if whole is not None else None
             for dev, readings in devices.items():
                 try:
                     values: Readings = read_all(readings)
-                except KeyError:  # some metric missing: held values fill in
-                    values = (held.fill(kept, dev, metrics, readings, ts)  # type: ignore[union-attr]
-                              if kept is not None else list(map(readings.get, metrics)))
-                    packed = _pack_gaps(pack, values)
+                except KeyError:  # some metric not sent: NaN, or a held value
+                    values = read_all({**gap_row, **readings})
+                    if kept is not None:
+                        values = held.fill(kept, sent_whole, dev, values,  # type: ignore
+                                           readings.keys(), ts)
                 else:
                     if kept is not None:
                         # ``held.remember``'s usual case (newer than all held:
@@ -242,7 +247,12 @@ class JobWindow:
                             kept[dev] = [values, None, ts]
                         else:
                             held.remember(kept, dev, values, ts)  # type: ignore[union-attr]
+                        if sent_whole:
+                            sent_whole.pop(dev, None)
+                try:
                     packed = pack(*values)
+                except struct.error:  # a reading sent as null: no reading
+                    packed = _pack_gaps(pack, values)
                 entries = target.get(dev)
                 if entries is None:
                     target[dev] = bytearray(packed)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 from typing import Any
+
+import orjson
 
 from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
@@ -87,7 +88,9 @@ def test_forgetting_keeps_memory_bounded_as_nodes_leave() -> None:
         held.fill(_sample(100.0 + i, {"0": {"sm_active": 0.5}}, node=f"n{i}"))
     held.forget_before(140.0)
     assert sorted(held.state) == [f"n{i}" for i in range(40, 50)]
-    assert json.loads(json.dumps(held.to_state())) == held.to_state()
+    # the checkpoint as the worker writes it (orjson): power, never sent, is no value
+    stored = orjson.loads(orjson.dumps(held.to_state()))
+    assert stored["nodes"]["n40"]["g"]["0"] == [[0.5, None], None, 140.0]
 
 
 SLOW_GPU = suite(sizes=(4,), seeds=(1,), job_types=("data_parallel",), faults=("slow_gpu",))[0]
@@ -151,3 +154,40 @@ def test_the_sweep_that_skips_recent_nodes_keeps_what_a_full_sweep_keeps() -> No
             full.forget_before(ts - 20.0)
             assert skipping.to_state() == full.to_state()
     assert skipping.held.oldest.keys() <= skipping.state.keys()
+
+
+def test_held_values_follow_the_rule_whatever_path_a_sample_takes() -> None:
+    """Against the rule written out plainly (each metric's last published value and
+    its time; held while at most the hold old): sources that always lack the same
+    metrics (replaced whole), adaptive gaps, full samples, late ones, sweeps, and a
+    restart from the checkpoint, in random order."""
+    metrics = ("sm_active", "power", "dram_active")
+    rng = random.Random(11)
+    held = HeldReadings(20.0)
+    last: dict[tuple[str, str, str], tuple[float, float]] = {}  # → (time, value)
+    ts = 100.0
+    for step in range(1500):
+        ts += rng.uniform(0.0, 1.0)
+        at = ts - rng.choice((0.0,) * 8 + (2.0, 25.0))
+        node, dev = f"n{rng.randint(0, 2)}", str(rng.randint(0, 2))
+        shape = rng.choice((metrics, metrics[:2], metrics[:2], metrics[1:], ()))
+        sent = {m: round(rng.random(), 3) for m in shape if rng.random() < 0.9}
+        window = JobWindow(5.0, gpu_metrics=metrics, nic_metrics=())
+        window.add(_sample(at, {dev: sent}, node=node), held)  # type: ignore[arg-type]
+        got = window.means("g", window.bin_of(at), metrics)[(node, dev)]
+        for i, m in enumerate(metrics):
+            before = last.get((node, dev, m))
+            if m in sent:
+                expected: float | None = sent[m]
+                if before is None or at >= before[0]:
+                    last[(node, dev, m)] = (at, sent[m])
+            else:
+                fresh = before is not None and 0.0 <= at - before[0] <= 20.0
+                expected = before[1] if fresh and before is not None else None
+            assert got[i] == expected, (step, m, got, expected)
+        if step % 50 == 0:
+            cut = ts - 20.0
+            held.forget_before(cut)
+            last = {k: v for k, v in last.items() if v[0] >= cut}
+        if step % 400 == 399:  # a restart: the checkpoint as the worker stores it
+            held = HeldReadings(20.0, orjson.loads(orjson.dumps(held.to_state())))
