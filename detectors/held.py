@@ -112,7 +112,8 @@ class HeldReadings:
         kept[dev] = [held, times, mine[2]]
 
     def fill(self, kept: dict[str, DeviceHeld], whole: dict[str, frozenset[str]], dev: str,
-             values: Sequence[float], sent: KeysView[str], ts: float) -> Sequence[float]:
+             values: Sequence[float | None], sent: KeysView[str],
+             ts: float) -> Sequence[float | None]:
         """``dev``'s values of the window metrics at ``ts``: ``values``, what it sent
         (NaN where it sent nothing, its keys ``sent``), else a value held at most
         ``hold_seconds`` (NaN: no reading); what it sent is remembered. ``whole``:

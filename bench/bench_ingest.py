@@ -1,0 +1,90 @@
+"""Ingest cost as CPU instructions a node-sample: a figure this shared, noisy machine
+cannot blur (wall and CPU times of the same code vary twofold between sittings here).
+
+    .venv/bin/python bench/bench_ingest.py [--gpus 64] [--seconds 150] [--every-metric]
+
+Needs ``valgrind`` (``apt-get install valgrind``). The samples (a job of ``--gpus``
+GPUs, 8 a node, one slow GPU from 90 s, our simulator's seed 1) are made once and
+pickled; then ``callgrind`` counts the instructions of two runs of this file: one
+that only loads them and builds an engine, one that also ingests every sample
+(``JobEngine.ingest``: clock placement, window and held readings, health). The
+difference over the number of samples is the ingest cost. ``--every-metric`` gives
+each GPU every window metric it lacks (0.0), as no real source does: the cost of a
+device whose sample is read whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+START = 1_900_000_000.0
+
+
+def _make(path: Path, gpus: int, seconds: float, every_metric: bool) -> int:
+    from detectors.engine import WINDOW_GPU
+    from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+
+    job = JobSpec("bench", [f"node-{i:05d}" for i in range(max(1, gpus // 8))],
+                  gpus_per_node=min(8, gpus))
+    cluster = Cluster([job], [Fault("slow_gpu", "bench", job.nodes[0], "1", START + 90)])
+    samples = list(Simulator(cluster, START, seed=1).samples(seconds))
+    if every_metric:
+        for sample in samples:
+            for readings in sample["gpus"].values():
+                for metric in WINDOW_GPU:
+                    readings.setdefault(metric, 0.0)
+    path.write_bytes(pickle.dumps(samples))
+    return len(samples)
+
+
+def _run(path: Path, ingest: bool) -> None:
+    from contracts.config import DetectConfig
+    from detectors.engine import JobEngine
+
+    samples = pickle.loads(path.read_bytes())
+    engine = JobEngine("bench", DetectConfig())
+    if ingest:
+        for sample in samples:
+            engine.ingest(sample)
+
+
+def _instructions(path: Path, ingest: bool) -> int:
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+         __file__, "--run", str(path), *(["--ingest"] if ingest else [])],
+        capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count from callgrind:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=150.0)
+    parser.add_argument("--every-metric", action="store_true")
+    parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--ingest", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        _run(args.run, args.ingest)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "samples.pkl"
+        count = _make(path, args.gpus, args.seconds, args.every_metric)
+        base, full = _instructions(path, False), _instructions(path, True)
+    print(f"{args.gpus} GPUs, {count} node-samples"
+          f"{', every window metric sent' if args.every_metric else ''}: "
+          f"ingest {(full - base) / count / 1000:.0f}k instructions a node-sample")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
