@@ -104,7 +104,8 @@ def main() -> int:
         without_stragglers()
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.memory:
-        memory(8, 30.0)  # the first engine of a process also fills lazy module caches
+        memory(8)  # the first engine of a process also fills lazy caches (~1 MB, some
+        # first reached after a minute: a 30 s warm-up left them in the 8-GPU figure)
         _table(("GPUs", "heap KB/GPU", "checkpoint JSON KB/GPU", "stored KB/GPU"), sizes,
                lambda gpus: (gpus, *(f"{v / 1024:.1f}" for v in memory(gpus).values())))
     else:
