@@ -19,6 +19,7 @@ import math
 from collections.abc import KeysView, Sequence
 from typing import Any
 
+MAX_KEY_SETS = 256  # distinct sets of sent keys shared between devices
 HELD_LAYOUT = 3  # the layout of the state below; a checkpoint in another starts empty
 READABLE_LAYOUTS = (2, HELD_LAYOUT)  # layout 2 is layout 3 without the shorthand below
 # one device: [values, times, newest]: the last published value of each window metric
@@ -57,8 +58,10 @@ class HeldReadings:
         self.oldest: dict[str, float] = {}
         self.earliest = -math.inf  # no later than every bound; -inf: some node has none
         # what each device's values were last replaced whole with (not checkpointed:
-        # a device missing here takes the per-metric path once)
+        # a device missing here takes the per-metric path once), each distinct set of
+        # keys held once (a frozenset of 23 keys is ~2 KB: one a GPU was 2.1 KB a GPU)
         self.whole: dict[str, SentKeys] = {}
+        self._key_sets: dict[frozenset[str], frozenset[str]] = {}
 
     def to_state(self) -> dict[str, Any]:
         """The held values, for a checkpoint."""
@@ -123,7 +126,7 @@ class HeldReadings:
         if mine is None or (mine[1] is None and ts >= mine[2] and whole.get(dev) == sent):
             kept[dev] = [values, None, ts]
             if mine is None:
-                whole[dev] = frozenset(sent)
+                whole[dev] = self._shared(sent)
             return values
         held, times = list(mine[0]), _times(mine, len(values))
         out = list(values)
@@ -140,10 +143,18 @@ class HeldReadings:
             kept[dev] = [held, None, newest]
             if all(at is None for at, v in zip(times, values, strict=True)
                    if v is None or v != v):  # nothing held where this one sent nothing
-                whole[dev] = frozenset(sent)
+                whole[dev] = self._shared(sent)
         else:
             kept[dev] = [held, times, newest]
         return out
+
+    def _shared(self, sent: KeysView[str]) -> frozenset[str]:
+        """``sent`` as a frozenset, one object for every device that sends the same
+        keys (at most ``MAX_KEY_SETS`` kept: adaptive sampling makes many)."""
+        keys = frozenset(sent)
+        if len(self._key_sets) >= MAX_KEY_SETS:
+            self._key_sets.clear()
+        return self._key_sets.setdefault(keys, keys)
 
     def forget_before(self, ts: float) -> None:
         """Drop values published before ``ts`` (they can no longer be held), and the
