@@ -10,6 +10,7 @@ was processed: no message of it ever reaches the agent); prints ``JUMPED``.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import faust
 from prometheus_client import start_http_server
@@ -24,6 +25,7 @@ def main() -> None:
     to_end = sys.argv[1] == "end"
     skip = 0 if to_end else int(sys.argv[1])
     cfg = load()
+    Path(cfg.worker.data_dir).mkdir(parents=True, exist_ok=True)  # as streams.worker does
     metrics = WorkerMetrics()
     start_http_server(cfg.worker.web_port, addr="127.0.0.1", registry=metrics.registry)
     app = build_app(cfg, metrics)

@@ -171,6 +171,13 @@ def test_a_block_faust_skips_is_read_again_and_nothing_is_committed_past_it(
         done = metric(port, "vigil_worker_samples_total")
         refetches = metric(port, "vigil_worker_offset_events_total", outcome="refetch")
         dets = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(_firing(v)) >= 1, 60)
+        # the end is committed once the job's checkpoint holds the last samples (it
+        # is checkpointed after QUIET_CHECKPOINT_SECONDS without a batch): wait for
+        # that here, not for the shutdown's, which may stop before its commit lands
+        deadline = time.monotonic() + 30
+        while (time.monotonic() < deadline and _committed(
+                isolated_cfg, isolated_env["VIGIL_WORKER_APP_ID"]) < len(samples)):
+            time.sleep(0.5)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
