@@ -39,14 +39,20 @@ def without_stragglers() -> None:
     detectors.engine.find_stragglers = lambda view, params, memory: []  # type: ignore[assignment]
 
 
+def slow_gpu_job(gpus: int) -> Cluster:
+    """The benches' job: ``gpus`` GPUs, 8 a node, GPU 1 of its first node slow from
+    90 s."""
+    job = JobSpec("bench", [f"node-{i:05d}" for i in range(max(1, gpus // 8))],
+                  gpus_per_node=min(8, gpus))
+    return Cluster([job], [Fault("slow_gpu", "bench", job.nodes[0], "1", START + 90)])
+
+
 def measure(gpus: int, seconds: float = 150.0) -> dict[str, float]:
     """Feed ``seconds`` of a job with one slow GPU (from 90 s: the straggler test
     learns each GPU's normal over its first minute); time ingest and evaluation
     apart."""
     nodes = max(1, gpus // 8)
-    job = JobSpec("bench", [f"node-{i:05d}" for i in range(nodes)],
-                  gpus_per_node=min(8, gpus))
-    cluster = Cluster([job], [Fault("slow_gpu", "bench", job.nodes[0], "1", START + 90)])
+    cluster = slow_gpu_job(gpus)
     engine = JobEngine("bench", DetectConfig())
     ingest = evaluate = 0.0
     samples = steps = 0

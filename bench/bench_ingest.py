@@ -28,17 +28,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-START = 1_900_000_000.0
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_detectors import START, slow_gpu_job
 
 
 def _make(path: Path, gpus: int, seconds: float, every_metric: bool) -> int:
     from detectors.engine import WINDOW_GPU
-    from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+    from simulator.cluster import Simulator
 
-    job = JobSpec("bench", [f"node-{i:05d}" for i in range(max(1, gpus // 8))],
-                  gpus_per_node=min(8, gpus))
-    cluster = Cluster([job], [Fault("slow_gpu", "bench", job.nodes[0], "1", START + 90)])
-    samples = list(Simulator(cluster, START, seed=1).samples(seconds))
+    samples = list(Simulator(slow_gpu_job(gpus), START, seed=1).samples(seconds))
     if every_metric:
         for sample in samples:
             for readings in sample["gpus"].values():

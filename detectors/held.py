@@ -120,13 +120,13 @@ class HeldReadings:
         """``dev``'s values of the window metrics at ``ts``: ``values``, what it sent
         (NaN where it sent nothing, its keys ``sent``), else a value held at most
         ``hold_seconds`` (NaN: no reading); what it sent is remembered. ``whole``:
-        the node's section of ``sent_keys``. ``values`` itself is returned where
-        nothing is held for what it lacks."""
+        the node's section of ``sent_keys``, kept here. (``JobWindow.add`` replaces
+        whole, without calling this, a device that lacks what it lacked last time;
+        the loop below gives the same result.)"""
         mine = kept.get(dev)
-        if mine is None or (mine[1] is None and ts >= mine[2] and whole.get(dev) == sent):
+        if mine is None:  # nothing held yet: replaced whole
             kept[dev] = [values, None, ts]
-            if mine is None:
-                whole[dev] = self._shared(sent)
+            whole[dev] = self._shared(sent)
             return values
         held, times = list(mine[0]), _times(mine, len(values))
         out = list(values)

@@ -257,10 +257,7 @@ class JobWindow:
                                 held.remember(kept, dev, values, ts)  # type: ignore[union-attr]
                             if sent_whole:
                                 sent_whole.pop(dev, None)
-                try:
-                    packed = pack(*values)
-                except struct.error:  # a reading sent as null: no reading
-                    packed = _pack_gaps(pack, values)
+                packed = pack(*values)
                 entries = target.get(dev)
                 if entries is None:
                     target[dev] = bytearray(packed)
