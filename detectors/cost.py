@@ -6,19 +6,30 @@ and communicates. When a fault stretches the step from ``T0`` to ``T``, the heal
 GPUs' *compute duty cycle* (the share of time their tensor cores, or SMs, are busy)
 falls by ``T0 / T``. So, from counters alone::
 
-    job_slowdown = level_before / level_now - 1
+    job_slowdown = 1 / mean_b(r_b) - 1,   r_b = mean_i(level_i,b / healthy_i)
 
-where ``level`` is, bin by bin, the median over the job's nodes of each node's
-median duty cycle, leaving out a blamed node (one blamed GPU barely moves its
-node's median, so its node stays). ``level_before`` is the upper quartile of that
-level over the last ``HISTORY_BINS`` bins that ended before the fault began (the
-job's own healthy step shape: pauses and the fault itself read lower), taken once
-when the condition first appears and kept for as long as it stays open.
-``level_now`` is the median over the latest ``RECENT_BINS`` bins since the onset. The cost follows:
-``gpu_hours_lost_per_hour = job_gpus × job_slowdown / (1 + job_slowdown)``: the
-share of the job's GPU time that goes to waiting for the fault. A hang costs the
-whole job (``gpu_hours_lost_per_hour = job_gpus``, ``job_slowdown`` null: its steps
-never end).
+where ``level_i,b`` is node ``i``'s median duty cycle in bin ``b`` and ``healthy_i``
+its own median over the newest ``HEALTHY_BINS`` bins before the onset that are not
+pauses, taken once when the condition first appears and kept while it stays open.
+Each node is read against itself, not the job's level against the job's: nodes of
+a pipeline's stages, or of hot and cold MoE experts, sit at levels of their own,
+and a median of their levels is an order statistic of a mixture that a slowdown
+moves by less than it moves each node. ``mean_i`` leaves out the highest and lowest
+``TRIM_SHARE`` of the nodes' ratios (a node alone in a pause; with few nodes, a
+median is noisier than a mean). The peers are every node but a blamed one
+(one blamed GPU barely moves its node's median, so its node stays), at most
+``MAX_BASE_NODES`` of them. The mean runs over the bins since the onset (its own
+bin left out once a later one is in: the onset is known to a bin or so), the
+newest ``ESTIMATE_BINS`` of them: a 5 s bin covers a fraction of a step that
+changes from bin to bin, so under window-averaged counters the job's level beats
+by a few percent from one bin to the next (measured: ±2-5 %), and only the mean of
+many bins reads a slowdown of 5-10 % to a quarter of itself. The first estimate
+(at the detection, often one or two bins in) is therefore the roughest; each step
+re-estimates, and the resolved message carries the incident's median estimate.
+The cost follows: ``gpu_hours_lost_per_hour = job_gpus × job_slowdown / (1 +
+job_slowdown)``: the share of the job's GPU time that goes to waiting for the
+fault. A hang costs the whole job (``gpu_hours_lost_per_hour = job_gpus``,
+``job_slowdown`` null: its steps never end).
 
 ``evidence.cost_basis`` says how the figure was made:
 
@@ -26,26 +37,28 @@ never end).
 - ``blamed``: no healthy bins before the onset were seen (the fault predates what
   Vigil has of the job, or a checkpoint sat just before it). For a straggler or a
   throttled GPU the blamed device never waits at the barrier, so its own duty cycle
-  stands in for the healthy one: ``level_blamed / level_now - 1``. This overstates
-  the cost by the comm share the longer step dilutes (about +20 % relative on a
-  step that is a fifth communication).
+  stands in for the healthy one: ``level_blamed / level_now - 1``, the median over
+  the newest ``RECENT_BINS``. This overstates the cost by the comm share the longer
+  step dilutes (about +20 % relative on a step that is a fifth communication).
 - ``none``: nothing to compare with (a link or network fault first seen already
   in progress): the cost fields are null.
 
 Limits, said plainly: the method assumes a synchronous job whose per-step work
-does not change while the fault is open. Bins whose level falls below
-``PHASE_FLOOR`` of the baseline (a checkpoint or evaluation pause) are skipped,
-and the last estimate is held through them. Two faults open in one job at once
-each see the combined slowdown. A job that changes its batch size or model in
-the middle (a new phase of training) is read as a slowdown or a speed-up. The
-duty-cycle counters include the small SM activity of communication kernels,
-which biases the estimate a little low when communication is a large share.
+does not change while the fault is open. Bins whose ``r`` falls below
+``PHASE_FLOOR`` (a checkpoint or evaluation pause) are skipped, and the last
+estimate is held through them. Two faults open in one job at once each see the
+combined slowdown. A job that changes its batch size or model in the middle (a new
+phase of training) is read as a slowdown or a speed-up. The duty-cycle counters
+include the small SM activity of communication kernels, which biases the estimate
+a little low when communication is a large share. A slowdown of 1-2 % (a 5 % slow
+GPU on a step that is partly communication) is at the level's noise for minutes.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -60,10 +73,14 @@ NIC_READS: tuple[str, ...] = ()
 COSTED_KINDS = frozenset({"straggler", "link_health", "network_bound", "hang"})
 MIN_LEVEL = 0.02  # a duty cycle below this reads as idle: no basis for a ratio
 PHASE_FLOOR = 0.4  # a bin below this share of the baseline is a pause, not a slowdown
-RECENT_BINS = 3  # how many post-onset bins the current level is the median of
+RECENT_BINS = 3  # the blamed basis: how many post-onset bins its level is the median of
+ESTIMATE_BINS = 24  # the baseline basis: the newest post-onset bins it reads (2 min)
 HISTORY_BINS = 48  # bins of per-node levels kept to find the healthy level in
-HEALTHY_QUANTILE = 0.75  # of the pre-onset levels: pauses and the fault read lower
+HEALTHY_QUANTILE = 0.75  # of the pre-onset levels: a pause is below PHASE_FLOOR of it
+HEALTHY_BINS = 12  # the newest pre-onset bins (not pauses) a node's healthy level is read from
+MAX_BASE_NODES = 64  # peer nodes an estimate reads (a fixed, hash-chosen subset beyond it)
 MIN_HEALTHY_BINS = 3
+TRIM_SHARE = 0.1  # of the nodes' ratios in a bin, left out at each end
 TRACE_HEALTHY_QUANTILE = 0.9  # the report's whole-trace healthy level
 
 
@@ -124,7 +141,7 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
     if not view.gpus:
         return
     metric = _record_level(view, memory)
-    levels: Array | None = None  # the newest bins', only if a finding is costed
+    levels: Array | None = None  # the newest bins', only if a blamed basis needs them
     job_gpus = len(view.gpus)
     entries: dict[str, Any] = memory.setdefault("findings", {})
     seen = set()
@@ -136,11 +153,17 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
             f.evidence.update(cost_fields(job_gpus, None, "hang"))
             continue
         entry = entries.get(f.key)
-        if entry is None:
-            entry = entries[f.key] = _baseline(view, f, memory)
-        if levels is None:  # each node's median in the bins an estimate reads
-            levels = nanmedian(view.per_node(metric, last=RECENT_BINS), axis=1)
-        slowdown = _estimate(view, f, entry, levels, metric)
+        if entry is None or (entry["basis"] == "baseline" and "nodes" not in entry):
+            # (the second: a checkpoint of a version that kept the job's level only)
+            entry = entries[f.key] = _baseline(f, _onset_bin(view, f), memory["history"])
+        if entry["basis"] == "baseline":
+            slowdown = _from_baseline(entry, memory["history"], _excluded(f))
+        elif entry["basis"] == "blamed":
+            if levels is None:  # each node's median in the bins an estimate reads
+                levels = nanmedian(view.per_node(metric, last=RECENT_BINS), axis=1)
+            slowdown = _from_blamed(view, f, levels, metric)
+        else:
+            slowdown = None
         if slowdown is not None:
             entry["last"] = slowdown
         f.evidence.update(cost_fields(job_gpus, entry.get("last"), entry["basis"]))
@@ -176,31 +199,82 @@ def _onset_bin(view: WindowView, f: Finding) -> int:
     return int(np.ceil(f.since / view.bin_seconds - 1e-6))
 
 
-def _baseline(view: WindowView, f: Finding, memory: dict[str, Any]) -> dict[str, Any]:
-    """The job's healthy level before the onset, or the basis to fall back on."""
+def _baseline(f: Finding, onset: int, history: list[list[Any]]) -> dict[str, Any]:
+    """Each peer node's healthy level before the ``onset`` bin, or the basis to fall
+    back on (``history``: the job's ``[bin, {node: level}]``, oldest first).
+
+    The healthy bins are the newest ``HEALTHY_BINS`` before the onset that are not
+    pauses (a job level below ``PHASE_FLOOR`` of the upper quartile, ``HEALTHY_QUANTILE``,
+    of those bins); a node's healthy level is its median over them (a bin at the
+    edge of a pause or a warm-up is one of many, and a median of symmetric noise is
+    not biased the way an upper quartile is)."""
     out = _excluded(f)
-    onset = _onset_bin(view, f)
-    before = [float(statistics.median(peers)) for b, nodes in memory["history"] if b < onset - 1
-              if (peers := [v for n, v in nodes.items() if n != out])]
+    before = [(float(statistics.median(peers.values())), peers)
+              for b, nodes in history if b < onset - 1
+              if (peers := {n: v for n, v in nodes.items() if n != out})]
     if len(before) >= MIN_HEALTHY_BINS:
-        level = float(np.quantile(before, HEALTHY_QUANTILE))
-        if level >= MIN_LEVEL:
-            return {"basis": "baseline", "level": level}
+        top = float(np.quantile([level for level, _ in before], HEALTHY_QUANTILE))
+        healthy = [peers for level, peers in before if level >= PHASE_FLOOR * top]
+        healthy = healthy[-HEALTHY_BINS:]
+        if top >= MIN_LEVEL and len(healthy) >= MIN_HEALTHY_BINS:
+            per_node: dict[str, list[float]] = {}
+            for peers in healthy:
+                for node, v in peers.items():
+                    per_node.setdefault(node, []).append(v)
+            if len(per_node) > MAX_BASE_NODES:  # bounded state; any subset reads the same
+                kept = sorted(per_node, key=lambda n: zlib.crc32(n.encode()))[:MAX_BASE_NODES]
+                per_node = {n: per_node[n] for n in kept}
+            bases = {n: level for n, vs in per_node.items() if len(vs) >= MIN_HEALTHY_BINS
+                     if (level := float(statistics.median(vs))) >= MIN_LEVEL}
+            if bases:
+                return {"basis": "baseline", "onset": onset, "ratios": [], "nodes": bases}
     if f.node is not None and f.kind in ("straggler", "gpu_health"):
         return {"basis": "blamed"}
     return {"basis": "none"}
 
 
-def _estimate(view: WindowView, f: Finding, entry: dict[str, Any], levels: Array,
-              metric: str) -> float | None:
-    """The current slowdown, the median over the bins since the onset among the
-    newest ``RECENT_BINS`` (at least the newest); None when none of them can say.
-    ``levels``: each node's median duty cycle in those newest bins (nodes × bins)."""
-    if entry["basis"] == "none":
+def _from_baseline(entry: dict[str, Any], history: list[list[Any]],
+                   out: str | None) -> float | None:
+    """The slowdown since the onset: ``1 / mean(r) − 1`` over the newest
+    ``ESTIMATE_BINS`` bins since it that are not pauses, where a bin's ``r`` is the
+    trimmed mean over the peer nodes of each node's level over its own healthy
+    level. The mean of ``r`` is the truth's own form: the
+    goodput lost, not a typical bin. Each bin's ``r`` is worked out once, when the
+    bin is new (kept in ``entry["ratios"]``). None: no usable bin yet."""
+    ratios: list[list[float]] = entry["ratios"]
+    base: dict[str, float] = entry["nodes"]
+    done = ratios[-1][0] if ratios else entry["onset"] - 1
+    for b, nodes in history:
+        if b <= done:
+            continue
+        r = [v / base[n] for n, v in nodes.items() if n != out and n in base]
+        if r:
+            ratios.append([b, _trimmed_mean(r)])
+    del ratios[:-ESTIMATE_BINS]
+    # the onset's own bin is read only while it is the only one: the onset is known to
+    # a bin or so, and a reading averages a window that may reach back before it
+    settled = [r for b, r in ratios if b > entry["onset"]] or [r for _, r in ratios]
+    usable = [r for r in settled if r >= PHASE_FLOOR]
+    if not usable:
         return None
+    return max(0.0, 1.0 / statistics.fmean(usable) - 1.0)
+
+
+def _trimmed_mean(values: list[float]) -> float:
+    """The mean of ``values`` without the highest and lowest ``TRIM_SHARE`` of them."""
+    values = sorted(values)
+    cut = int(len(values) * TRIM_SHARE)
+    return statistics.fmean(values[cut:len(values) - cut])
+
+
+def _from_blamed(view: WindowView, f: Finding, levels: Array, metric: str) -> float | None:
+    """The slowdown against the blamed device's own duty cycle, the median over the
+    bins since the onset among the newest ``RECENT_BINS`` (at least the newest);
+    None when none of them can say. ``levels``: each node's median duty cycle in
+    those newest bins (nodes × bins)."""
     out = _excluded(f)
     peers = np.array([n != out for n in view.nodes], dtype=bool)
-    if not peers.any():
+    if not peers.any() or f.node not in view.nodes:
         return None
     now = nanmedian(levels[peers], axis=0)
     shown = now.shape[0]
@@ -208,14 +282,9 @@ def _estimate(view: WindowView, f: Finding, entry: dict[str, Any], levels: Array
     # index into the newest ``shown``
     first = min(max(_onset_bin(view, f) - view.bins.start, 0), len(view.bins) - 1)
     recent = slice(max(first - (len(view.bins) - shown), 0), None)
-    if entry["basis"] == "baseline":
-        reference = np.full(shown, entry["level"])
-    elif f.node in view.nodes:  # the blamed device's own duty cycle stands in
-        row = _gpu_row(view, f.node, f.gpu)
-        reference = (view.gpu(metric)[row, -shown:] if row is not None
-                     else levels[view.nodes.index(f.node)])
-    else:
-        return None
+    row = _gpu_row(view, f.node, f.gpu)
+    reference = (view.gpu(metric)[row, -shown:] if row is not None
+                 else levels[view.nodes.index(f.node)])
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = (reference / now)[recent]
         usable = (now[recent] >= PHASE_FLOOR * reference[recent]) & ~np.isnan(ratio)

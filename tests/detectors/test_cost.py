@@ -11,8 +11,15 @@ import pytest
 from contracts.codec import validate_detection
 from contracts.config import DetectConfig
 from contracts.errors import ContractError
-from detectors.cost import inflation_series
+from detectors.cost import (
+    ESTIMATE_BINS,
+    MAX_BASE_NODES,
+    _baseline,
+    _from_baseline,
+    inflation_series,
+)
 from detectors.engine import ReplayRunner
+from detectors.findings import Finding
 from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 from vigil.evaluation.costcheck import CostCase, run_case, true_slowdown
 
@@ -101,3 +108,48 @@ def test_inflation_series_reads_pauses_as_gaps() -> None:
     series = inflation_series(levels)
     assert series[0] == 0.0 and series[5] == pytest.approx(0.25)
     assert np.isnan(series[3]) and np.isnan(series[7])
+
+
+def _history(levels: dict[str, list[float]], first: int = 0) -> list[list[Any]]:
+    """The cost memory's ``[bin, {node: level}]`` from each node's levels per bin."""
+    bins = len(next(iter(levels.values())))
+    return [[first + b, {n: v[b] for n, v in levels.items()}] for b in range(bins)]
+
+
+def test_each_node_is_read_against_its_own_healthy_level() -> None:
+    # A pipeline: two stage levels. The step grows 10 % from bin 20 on, and the job's
+    # level beats ±3 % from bin to bin (a 5 s bin holds a fraction of a step that
+    # changes); a pause (bins 4-6) and the onset's own bin (half slowed) read low.
+    beat = [1.03 if b % 2 else 0.97 for b in range(40)]
+    step = [1.0 if b < 20 else (1.05 if b == 20 else 1.1) for b in range(40)]
+    pause = [0.01 if 4 <= b <= 6 else 1.0 for b in range(40)]
+    nodes = {f"n{i}": [(0.365 if i % 4 == 3 else 0.30) * beat[b] * pause[b] / step[b]
+                       for b in range(40)] for i in range(8)}
+    nodes["n1"] = [v * (1.4 if b >= 20 else 1.0) for b, v in enumerate(nodes["n1"])]
+    history = _history(nodes)
+    finding = Finding("straggler", "n1", None, "warning", (), 1.0, "", since=100.0)
+    entry = _baseline(finding, 20, history[:21])
+    assert entry["basis"] == "baseline" and "n1" not in entry["nodes"]
+    assert entry["nodes"]["n3"] == pytest.approx(0.365, rel=0.04)  # its own stage's level
+    # two bins in: the onset's bin is left out; the other one is read as it beats
+    assert _from_baseline(entry, history[:22], "n1") == pytest.approx(1.1 / 1.03 - 1)
+    # a minute in: the beat averages out (an even number of bins here)
+    assert _from_baseline(entry, history[:33], "n1") == pytest.approx(0.1, rel=0.01)
+    assert len(entry["ratios"]) <= ESTIMATE_BINS
+
+
+def test_a_bin_of_pause_is_skipped_and_the_state_is_bounded() -> None:
+    nodes = {f"n{i:03d}": [0.3] * 20 + [0.3 / 1.2, 0.005, 0.3 / 1.2] for i in range(200)}
+    history = _history(nodes)
+    finding = Finding("straggler", "n007", "3", "warning", (), 1.0, "", since=100.0)
+    entry = _baseline(finding, 20, history[:21])
+    assert len(entry["nodes"]) == MAX_BASE_NODES
+    assert _from_baseline(entry, history, None) == pytest.approx(0.2)
+
+
+def test_no_healthy_bins_before_the_onset_falls_back() -> None:
+    history = _history({"a": [0.3] * 3, "b": [0.3] * 3})
+    gpu = Finding("straggler", "a", "1", "warning", (), 1.0, "", since=0.0)
+    link = Finding("link_health", "a", None, "warning", (), 1.0, "", since=0.0)
+    assert _baseline(gpu, 1, history)["basis"] == "blamed"
+    assert _baseline(link, 1, history)["basis"] == "none"

@@ -3,8 +3,9 @@
 For each case (a job type, size, fault kind and fault size) one job is simulated
 with a warm-up and a checkpoint before the fault, replayed through the detectors,
 and every firing detection that correctly reports the fault is paired with the
-simulator's true step-time inflation over the same span (from the condition's
-start to its detection). ``bench/bench_cost.py`` prints the error distribution.
+simulator's true step-time inflation over the span its estimate reads (from the
+fault's start to the detection, at most the ``ESTIMATE_BINS`` before it).
+``bench/bench_cost.py`` prints the error distribution.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from contracts.config import DetectConfig
+from detectors.cost import ESTIMATE_BINS
 from detectors.engine import ReplayRunner
 from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 from vigil.evaluation.benchdetect import matches
@@ -26,7 +28,8 @@ DURATION = 240.0
 SIZED_FAULTS = ("slow_gpu", "slow_node")
 FIXED_FAULTS = ("thermal", "nvlink_degraded", "nic_degraded", "network_phase", "hang")
 SEVERITIES = (1.05, 1.1, 1.2, 1.4, 1.6)
-TRUTH_SECONDS = 15.0  # the span an estimate speaks for (``detectors.cost.RECENT_BINS``)
+# the span an estimate speaks for: the fault's bins, up to ``detectors.cost.ESTIMATE_BINS``
+TRUTH_SECONDS = ESTIMATE_BINS * DetectConfig().bin_seconds
 
 
 @dataclass(frozen=True)
