@@ -9,8 +9,12 @@ falls by ``T0 / T``. So, from counters alone::
     job_slowdown = 1 / mean_b(r_b) - 1,   r_b = mean_i(level_i,b / healthy_i)
 
 where ``level_i,b`` is node ``i``'s median duty cycle in bin ``b`` and ``healthy_i``
-its own median over the newest ``HEALTHY_BINS`` bins before the onset that are not
-pauses, taken once when the condition first appears and kept while it stays open.
+its own mean over the newest ``HEALTHY_BINS`` bins before the onset that are not
+pauses (trimmed: a bin at a pause's edge), taken once when the condition first
+appears and kept while it stays open. Means, not medians, before and after: a
+node's level in a bin is skewed (now and then a bin holds one more compute phase
+than most: on one case measured, its mean sat 0.7 % above its median), and the
+goodput the truth is made of follows the mean.
 Each node is read against itself, not the job's level against the job's: nodes of
 a pipeline's stages, or of hot and cold MoE experts, sit at levels of their own,
 and a median of their levels is an order statistic of a mixture that a slowdown
@@ -80,7 +84,7 @@ HEALTHY_QUANTILE = 0.75  # of the pre-onset levels: a pause is below PHASE_FLOOR
 HEALTHY_BINS = 12  # the newest pre-onset bins (not pauses) a node's healthy level is read from
 MAX_BASE_NODES = 64  # peer nodes an estimate reads (a fixed, hash-chosen subset beyond it)
 MIN_HEALTHY_BINS = 3
-TRIM_SHARE = 0.1  # of the nodes' ratios in a bin, left out at each end
+TRIM_SHARE = 0.1  # of a bin's nodes' ratios, or of a node's healthy bins, left out at each end
 TRACE_HEALTHY_QUANTILE = 0.9  # the report's whole-trace healthy level
 
 
@@ -205,9 +209,9 @@ def _baseline(f: Finding, onset: int, history: list[list[Any]]) -> dict[str, Any
 
     The healthy bins are the newest ``HEALTHY_BINS`` before the onset that are not
     pauses (a job level below ``PHASE_FLOOR`` of the upper quartile, ``HEALTHY_QUANTILE``,
-    of those bins); a node's healthy level is its median over them (a bin at the
-    edge of a pause or a warm-up is one of many, and a median of symmetric noise is
-    not biased the way an upper quartile is)."""
+    of those bins); a node's healthy level is its trimmed mean over them (a bin at
+    the edge of a pause is left out; the upper quartile itself sat two thirds of a
+    spread above the level)."""
     out = _excluded(f)
     before = [(float(statistics.median(peers.values())), peers)
               for b, nodes in history if b < onset - 1
@@ -225,7 +229,7 @@ def _baseline(f: Finding, onset: int, history: list[list[Any]]) -> dict[str, Any
                 kept = sorted(per_node, key=lambda n: zlib.crc32(n.encode()))[:MAX_BASE_NODES]
                 per_node = {n: per_node[n] for n in kept}
             bases = {n: level for n, vs in per_node.items() if len(vs) >= MIN_HEALTHY_BINS
-                     if (level := float(statistics.median(vs))) >= MIN_LEVEL}
+                     if (level := _trimmed_mean(vs)) >= MIN_LEVEL}
             if bases:
                 return {"basis": "baseline", "onset": onset, "ratios": [], "nodes": bases}
     if f.node is not None and f.kind in ("straggler", "gpu_health"):

@@ -24,7 +24,8 @@ from vigil.evaluation.benchdetect import matches
 
 START = 1_800_000_000.0
 FAULT_AT = 120.0
-DURATION = 240.0
+FAULT_SECONDS = 180.0  # then it ends, and its incident resolves
+DURATION = 360.0
 SIZED_FAULTS = ("slow_gpu", "slow_node")
 FIXED_FAULTS = ("thermal", "nvlink_degraded", "nic_degraded", "network_phase", "hang")
 SEVERITIES = (1.05, 1.1, 1.2, 1.4, 1.6)
@@ -52,6 +53,8 @@ class CostResult:
     """One detection's estimate beside the truth (``true`` is inf for a hang)."""
 
     case: CostCase
+    state: str  # firing: the estimate then, against the truth so far; resolved: the
+    # incident's median estimate, against the truth over the whole fault
     kind: str
     basis: str
     estimate: float | None  # job_slowdown as published
@@ -92,20 +95,22 @@ def cluster_of(case: CostCase) -> Cluster:
                           Event("checkpoint", START + 60, START + 80)])
     node, gpu = rng.choice(job.nodes), str(rng.randrange(job.gpus_per_node))
     at = START + FAULT_AT
+    end = at + FAULT_SECONDS
     if case.fault in ("hang", "network_phase"):
-        fault = Fault(case.fault, job.name, None, None, at)
+        fault = Fault(case.fault, job.name, None, None, at, end)
     elif case.fault in ("slow_node", "nic_degraded"):
-        fault = Fault(case.fault, job.name, node, None, at, severity=case.severity or 1.25)
+        fault = Fault(case.fault, job.name, node, None, at, end, severity=case.severity or 1.25)
     else:
-        fault = Fault(case.fault, job.name, node, gpu, at, severity=case.severity or 1.3)
+        fault = Fault(case.fault, job.name, node, gpu, at, end, severity=case.severity or 1.3)
     return Cluster([job], [fault], skew_seconds=1.0, loss=0.01, reorder_seconds=1.0)
 
 
-def true_slowdown(truth: list[tuple[float, float]], fault_start: float, at: float) -> float:
-    """What the fault costs at ``at``: over the ``TRUTH_SECONDS`` before it (while the
-    fault is active), the steady slowdown that loses the same goodput, i.e.
+def true_slowdown(truth: list[tuple[float, float]], fault_start: float, at: float,
+                  seconds: float = TRUTH_SECONDS) -> float:
+    """What the fault costs at ``at``: over the ``seconds`` before it (while the fault
+    is active), the steady slowdown that loses the same goodput, i.e.
     ``1 / mean(T_healthy / T) − 1`` (inf for a hang; nan if nothing is active)."""
-    span = [r for t, r in truth if max(fault_start, at - TRUTH_SECONDS) <= t <= at]
+    span = [r for t, r in truth if max(fault_start, at - seconds) <= t <= at]
     if not span:
         return math.nan
     if any(math.isinf(r) for r in span):
@@ -114,20 +119,26 @@ def true_slowdown(truth: list[tuple[float, float]], fault_start: float, at: floa
 
 
 def run_case(case: CostCase, cfg: DetectConfig | None = None) -> list[CostResult]:
-    """Replay one case; one result per firing detection that reports its fault."""
+    """Replay one case; one result per firing or resolved detection that reports its
+    fault (a firing one fired before the fault ended)."""
     cluster = cluster_of(case)
     sim = Simulator(cluster, START, seed=case.seed)
     runner = ReplayRunner(cfg or DetectConfig())
-    firing = [d for s in sim.samples(DURATION) for d in runner.feed(s) if d["state"] == "firing"]
+    published = [d for s in sim.samples(DURATION) for d in runner.feed(s)]
     label = cluster.labels()[0]
     truth = sim.truth[case.name]
     out = []
-    for det in firing:
+    for det in published:
         if not matches(det, label) or "cost_basis" not in det["evidence"]:
             continue
+        if det["state"] == "firing" and det["detected_at"] < label["end"]:
+            true = true_slowdown(truth, label["start"], det["detected_at"])
+        elif det["state"] == "resolved":
+            true = true_slowdown(truth, label["start"], label["end"], FAULT_SECONDS)
+        else:
+            continue
         ev = det["evidence"]
-        out.append(CostResult(case, det["kind"], ev["cost_basis"], ev["job_slowdown"],
-                              true_slowdown(truth, label["start"], det["detected_at"]),
-                              ev["gpu_hours_lost_per_hour"],
+        out.append(CostResult(case, det["state"], det["kind"], ev["cost_basis"],
+                              ev["job_slowdown"], true, ev["gpu_hours_lost_per_hour"],
                               det["detected_at"] - label["start"]))
     return out
