@@ -161,7 +161,7 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
             # (the second: a checkpoint of a version that kept the job's level only)
             entry = entries[f.key] = _baseline(f, _onset_bin(view, f), memory["history"])
         if entry["basis"] == "baseline":
-            slowdown = _from_baseline(entry, memory["history"], _excluded(f))
+            slowdown = _from_baseline(entry, memory["history"])
         elif entry["basis"] == "blamed":
             if levels is None:  # each node's median in the bins an estimate reads
                 levels = nanmedian(view.per_node(metric, last=RECENT_BINS), axis=1)
@@ -237,21 +237,21 @@ def _baseline(f: Finding, onset: int, history: list[list[Any]]) -> dict[str, Any
     return {"basis": "none"}
 
 
-def _from_baseline(entry: dict[str, Any], history: list[list[Any]],
-                   out: str | None) -> float | None:
+def _from_baseline(entry: dict[str, Any], history: list[list[Any]]) -> float | None:
     """The slowdown since the onset: ``1 / mean(r) − 1`` over the newest
     ``ESTIMATE_BINS`` bins since it that are not pauses, where a bin's ``r`` is the
-    trimmed mean over the peer nodes of each node's level over its own healthy
-    level. The mean of ``r`` is the truth's own form: the
-    goodput lost, not a typical bin. Each bin's ``r`` is worked out once, when the
-    bin is new (kept in ``entry["ratios"]``). None: no usable bin yet."""
+    trimmed mean over the peer nodes (those with a healthy level in ``entry``: a
+    blamed node has none) of each node's level over its healthy level. The mean of
+    ``r`` is the truth's own form: the goodput lost, not a typical bin. Each bin's
+    ``r`` is worked out once, when the bin is new (kept in ``entry["ratios"]``).
+    None: no usable bin yet."""
     ratios: list[list[float]] = entry["ratios"]
     base: dict[str, float] = entry["nodes"]
     done = ratios[-1][0] if ratios else entry["onset"] - 1
     for b, nodes in history:
         if b <= done:
             continue
-        r = [v / base[n] for n, v in nodes.items() if n != out and n in base]
+        r = [v / base[n] for n, v in nodes.items() if n in base]
         if r:
             ratios.append([b, _trimmed_mean(r)])
     del ratios[:-ESTIMATE_BINS]

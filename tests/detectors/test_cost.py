@@ -50,7 +50,7 @@ def test_hang_costs_the_whole_job() -> None:
         assert r.lost_per_hour == 32.0  # 4 nodes × 8 GPUs
 
 
-def test_fields_are_consistent_and_resolved_carries_the_latest() -> None:
+def test_fields_are_consistent_and_resolved_carries_the_incidents_cost() -> None:
     job = JobSpec("j", [f"n{i}" for i in range(6)], events=[Event("warmup", START, START + 30)])
     fault = Fault("slow_gpu", "j", "n2", "4", START + 90, START + 200, severity=1.3)
     runner = ReplayRunner(DetectConfig())
@@ -134,9 +134,9 @@ def test_each_node_is_read_against_its_own_healthy_level() -> None:
     assert entry["basis"] == "baseline" and "n1" not in entry["nodes"]
     assert entry["nodes"]["n3"] == pytest.approx(0.365, rel=0.04)  # its own stage's level
     # two bins in: the onset's bin is left out; the other one is read as it beats
-    assert _from_baseline(entry, history[:22], "n1") == pytest.approx(1.1 / 1.03 - 1)
+    assert _from_baseline(entry, history[:22]) == pytest.approx(1.1 / 1.03 - 1)
     # a minute in: the beat averages out (an even number of bins here)
-    assert _from_baseline(entry, history[:33], "n1") == pytest.approx(0.1, rel=0.01)
+    assert _from_baseline(entry, history[:33]) == pytest.approx(0.1, rel=0.01)
     assert len(entry["ratios"]) <= ESTIMATE_BINS
 
 
@@ -146,7 +146,7 @@ def test_a_bin_of_pause_is_skipped_and_the_state_is_bounded() -> None:
     finding = Finding("straggler", "n007", "3", "warning", (), 1.0, "", since=100.0)
     entry = _baseline(finding, 20, history[:21])
     assert len(entry["nodes"]) == MAX_BASE_NODES
-    assert _from_baseline(entry, history, None) == pytest.approx(0.2)
+    assert _from_baseline(entry, history) == pytest.approx(0.2)
 
 
 def test_no_healthy_bins_before_the_onset_falls_back() -> None:
