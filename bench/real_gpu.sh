@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# The node agent on a real NVIDIA GPU, end to end (issue: "NVML on a real GPU").
+# The node agent on a real NVIDIA GPU, end to end (issues: "NVML on a real GPU", #28).
 #
-#   bash bench/real_gpu.sh [SECONDS]        # default 600; results in $OUT or bench/real-gpu/
+#   bash bench/real_gpu.sh [PHASE_SECONDS]   # default 20 (a run of ~12 phases);
+#                                            # results in $OUT or bench/real-gpu/
 #
 # Needs: an NVIDIA GPU and driver (nvidia-smi), Python >= 3.11 with PyTorch and
-# nvidia-ml-py (a GPU node's usual image). Kafka is not needed: the agent writes its
-# trace to a file. Runs from the source tree, installs nothing.
+# nvidia-ml-py (a GPU node's usual image), and Vigil's `report` extra for the replay.
+# Kafka is not needed: the agent writes its trace to a file. Runs from the source tree,
+# installs nothing. REAL_GPU_SOURCES (default nvml,host), TRAIN_DEVICE (default
+# cuda) and TRAIN_ARGS exist for a dry run of the script's plumbing on a machine without one.
 #
-# While a small transformer trains on GPU 0, it records, at the base interval:
+# While a small transformer trains on GPU 0, paced as one rank of a synchronous job
+# (bench/gpu_train.py: every step starts on a common period, half of it this rank's
+# own work), it records, at the base interval:
 #   - the agent's full-rate trace (`vigil agent --sources nvml,host --out`),
 #   - `nvidia-smi --query-gpu` every second and `nvidia-smi dmon`,
-# and makes real changes on a schedule (each is logged with its exit status; one the
-# machine refuses is skipped): a lower power limit, locked lower SM clocks, a second
-# process competing for the GPU, a pause of the training loop, the memory clock locked
-# low (a stall at the same SM clock) and a second process with a 20 % larger batch
-# (more work). Then it reports:
+# and makes real changes, one phase each (each logged with its exit status; one the
+# machine refuses is skipped): SM clocks locked at 1,410 MHz (a throttle), the memory
+# clock locked at its lowest (a stall at the same SM clock, where the GPU has more
+# than one memory clock), memory-bound copies added to every step (a stall), a 20 %
+# larger batch (more work), a lower power limit, a second process competing for the
+# GPU, a pause of the training loop. Then it reports:
 #   - every reading against nvidia-smi (units, scale, GPM availability, clocks-event reasons),
 #   - µs per NVML call and the agent's CPU on the real driver,
 #   - Moneo's adaptive sampling on the real trace (bench_sampling.py --trace),
@@ -22,13 +28,16 @@
 # and leaves the trace compressed (trace.jsonl.gz, to commit as a fixture).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECONDS_TOTAL=${1:-600}
+P=${1:-20}  # seconds a phase
 OUTDIR=${OUT:-bench/real-gpu}
 mkdir -p "$OUTDIR"
 PY=${PYTHON:-python3}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUTDIR/events.log"; }
-at() { sleep $(( $1 * SECONDS_TOTAL / 600 )); }   # schedule in tenths of a 600 s run
+SOURCES=${REAL_GPU_SOURCES:-nvml,host}
+DEVICE=${TRAIN_DEVICE:-cuda}
+TRAIN_ARGS=${TRAIN_ARGS:-}  # a smaller model for a dry run: --width 128 --layers 2 --seq 64
+phase() { log "phase $1: $2"; }
 
 nvidia-smi -L | tee "$OUTDIR/gpus.txt" || { echo "no NVIDIA GPU here"; exit 2; }
 nvidia-smi -q > "$OUTDIR/nvidia-smi-q.txt"
@@ -41,40 +50,54 @@ cat "$OUTDIR/nvml-calls.md"
 nvidia-smi --query-gpu="$($PY -c 'from bench.real_gpu_check import SMI_QUERY; print(SMI_QUERY)')" \
   --format=csv,nounits -lms 1000 > "$OUTDIR/smi.csv" 2>&1 & SMI=$!
 nvidia-smi dmon -s pucmt -o DT > "$OUTDIR/dmon.txt" 2>&1 & DMON=$!
-$PY bench/gpu_train.py --seconds "$SECONDS_TOTAL" > "$OUTDIR/train.log" 2>&1 & TRAIN=$!
+$PY bench/gpu_train.py --device "$DEVICE" $TRAIN_ARGS --seconds 3600 > "$OUTDIR/train.log" 2>&1 & TRAIN=$!
 VIGIL_AGENT_ADAPTIVE=false VIGIL_AGENT_ATTRIBUTION=static VIGIL_AGENT_JOB=real-gpu \
   VIGIL_AGENT_METRICS_PORT=0 VIGIL_AGENT_NODE="$(hostname)" \
-  $PY -m vigil.cli agent --sources nvml,host --out "$OUTDIR/trace.jsonl" \
+  $PY -m vigil.cli agent --sources "$SOURCES" --out "$OUTDIR/trace.jsonl" \
   > "$OUTDIR/agent.log" 2>&1 & AGENT=$!
 log "started: train $TRAIN, agent $AGENT"
 read -r PMIN PDEF < <(nvidia-smi -i 0 --query-gpu=power.min_limit,power.default_limit \
   --format=csv,noheader,nounits | tr -d ' ' | tr ',' ' ')
-
-(
-  at 120; log "power limit -> ${PMIN} W: rc $(nvidia-smi -i 0 -pl "${PMIN%.*}" >/dev/null 2>&1; echo $?)"
-  at 120; log "power limit -> ${PDEF} W: rc $(nvidia-smi -i 0 -pl "${PDEF%.*}" >/dev/null 2>&1; echo $?)"
-  at 30;  log "lock SM clocks 1000 MHz: rc $(nvidia-smi -i 0 -lgc 1000,1000 >/dev/null 2>&1; echo $?)"
-  at 90;  log "unlock SM clocks: rc $(nvidia-smi -i 0 -rgc >/dev/null 2>&1; echo $?)"
-  at 30;  log "competitor for $((SECONDS_TOTAL / 10)) s"
-  $PY bench/gpu_train.py --compete --seconds $((SECONDS_TOTAL / 10)) >> "$OUTDIR/train.log" 2>&1
-  at 30;  log "pause training"; kill -STOP $TRAIN
-  at 30;  log "resume training"; kill -CONT $TRAIN
-  # issue #28: a stall at the same SM clock (the memory clock lowered), then more work
-  # (a second process with a 20 % larger batch): the work rate must tell them apart
-  read -r MCLK < <(nvidia-smi -i 0 --query-supported-clocks=mem --format=csv,noheader,nounits \
-    | tr -d ' ' | sort -n | head -1)
-  at 30;  log "lock memory clock ${MCLK} MHz: rc $(nvidia-smi -i 0 -lmc "$MCLK" >/dev/null 2>&1; echo $?)"
-  at 30;  log "unlock memory clock: rc $(nvidia-smi -i 0 -rmc >/dev/null 2>&1; echo $?)"
-  at 10;  log "larger batch (+20 %) for $((SECONDS_TOTAL / 20)) s"
-  $PY bench/gpu_train.py --batch 19 --seconds $((SECONDS_TOTAL / 20)) >> "$OUTDIR/train.log" 2>&1
-) & SCHEDULE=$!
+MCLKS=$(nvidia-smi -i 0 --query-supported-clocks=mem --format=csv,noheader,nounits \
+  | tr -d ' ' | sort -n | uniq | tr '\n' ' ')
+MCLK=${MCLKS%% *}
+log "memory clocks supported: ${MCLKS:-?}; power limits: min ${PMIN:-?} W, default ${PDEF:-?} W"
+smi() { nvidia-smi -i 0 "$@" >> "$OUTDIR/smi-set.log" 2>&1; echo $?; }
+# the GPU's settings back as they were, however the run ends
+restore() {
+  nvidia-smi -i 0 -rgc >/dev/null 2>&1; nvidia-smi -i 0 -rmc >/dev/null 2>&1
+  [ -n "${PDEF:-}" ] && nvidia-smi -i 0 -pl "${PDEF%.*}" >/dev/null 2>&1
+  kill -CONT $TRAIN 2>/dev/null; kill $TRAIN 2>/dev/null
+}
+trap restore EXIT
 
 # the agent's CPU over the run, from /proc (utime + stime, clock ticks)
 cpu() { awk '{print $14 + $15}' "/proc/$AGENT/stat" 2>/dev/null || echo 0; }
+for _ in $(seq 120); do grep -q calibrated "$OUTDIR/train.log" && break; sleep 1; done
+grep calibrated "$OUTDIR/train.log" | tee -a "$OUTDIR/events.log"
 C0=$(cpu); T0=$(date +%s.%N)
-wait $TRAIN
+phase baseline "paced training, nothing changed"; sleep "$P"
+phase throttled "lock SM clocks 1410 MHz: rc $(smi -lgc 1410,1410)"; sleep "$P"
+phase settle "unlock SM clocks: rc $(smi -rgc)"; sleep $((P / 2))
+# nvidia-smi answers rc 0 where the lock is not supported (an H100 wants the deferred
+# lock, which needs a GPU reset): the clock read back says whether it took
+RC=$(smi -lmc "${MCLK:-0}")
+phase memory-clock "lock memory clock ${MCLK:-?} MHz: rc $RC, now $(nvidia-smi -i 0 \
+  --query-gpu=clocks.mem --format=csv,noheader,nounits) MHz"; sleep "$P"
+phase settle "unlock memory clock: rc $(smi -rmc)"; sleep $((P / 2))
+phase stall "memory-bound copies in every step (SIGUSR2)"; kill -USR2 $TRAIN; sleep "$P"
+kill -USR2 $TRAIN; phase settle "stall off"; sleep $((P / 2))
+phase more-work "batch +20 % (SIGUSR1)"; kill -USR1 $TRAIN; sleep "$P"
+kill -USR1 $TRAIN; phase settle "more work off"; sleep $((P / 2))
+phase power-cap "power limit ${PMIN:-?} W: rc $(smi -pl "${PMIN%.*}")"; sleep "$P"
+phase settle "power limit ${PDEF:-?} W: rc $(smi -pl "${PDEF%.*}")"; sleep $((P / 2))
+phase competitor "a second process's matrix products for ${P} s"
+$PY bench/gpu_train.py --compete --device "$DEVICE" $TRAIN_ARGS --seconds "$P" >> "$OUTDIR/train.log" 2>&1
+phase settle "competitor ended"; sleep $((P / 2))
+phase paused "training stopped (SIGSTOP)"; kill -STOP $TRAIN; sleep $((P / 2))
+kill -CONT $TRAIN; phase resumed "training resumed"; sleep $((P / 2))
 C1=$(cpu); T1=$(date +%s.%N)
-kill $SCHEDULE 2>/dev/null; nvidia-smi -i 0 -rgc >/dev/null 2>&1; nvidia-smi -i 0 -rmc >/dev/null 2>&1; nvidia-smi -i 0 -pl "${PDEF%.*}" >/dev/null 2>&1
+restore; wait $TRAIN 2>/dev/null
 RSS=$(awk '/VmHWM/ {print $2}' "/proc/$AGENT/status" 2>/dev/null)
 kill -TERM $AGENT; wait $AGENT; kill $SMI $DMON 2>/dev/null
 HZ=$(getconf CLK_TCK)
@@ -105,7 +128,8 @@ for (kind, summary), n in found.most_common():
 PYEOF
   echo '```'
   echo; echo "## Work against busy time (issue #28)"; echo; echo '```'
-  $PY bench/real_gpu_check.py phases "$OUTDIR/events.log" "$OUTDIR/trace.jsonl"
+  $PY bench/real_gpu_check.py phases "$OUTDIR/events.log" "$OUTDIR/trace.jsonl" \
+    "$OUTDIR/train.log"
   echo '```'
 } > "$OUTDIR/summary.md" 2>&1
 gzip -9 -c "$OUTDIR/trace.jsonl" > "$OUTDIR/trace.jsonl.gz"

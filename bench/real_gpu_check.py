@@ -2,7 +2,7 @@
 
     python3 bench/real_gpu_check.py calls [--ticks 50]     # µs per NVML call, ms per tick
     python3 bench/real_gpu_check.py compare TRACE SMI_CSV DMON   # agent vs nvidia-smi
-    python3 bench/real_gpu_check.py phases EVENTS_LOG TRACE     # work against busy time
+    python3 bench/real_gpu_check.py phases EVENTS TRACE [TRAIN_LOG]  # work against busy
 
 ``calls`` times every NVML call the source makes on the real driver (a timing proxy
 around pynvml) and the agent's CPU per tick. ``compare`` pairs each agent sample of a
@@ -10,11 +10,12 @@ full-rate trace (``VIGIL_AGENT_ADAPTIVE=false vigil agent --out TRACE``) with th
 ``nvidia-smi --query-gpu`` row and ``nvidia-smi dmon`` line nearest in time, GPU by
 UUID, and prints per metric the median agent/nvidia-smi ratio: a unit or scale error
 (mW for W, % for a ratio, MiB for bytes, KB/s for B/s) shows as a ratio far from 1.
-``phases`` splits the trace at the schedule's events and prints, per phase, GPU 0's
-busy time (SM activity), work rate (``tensor_active × sm_clock``) and work per busy
-second (issue #28): a stall at the same SM clock (the memory clock locked low) should
-lower work per busy second; more work (a larger batch) should raise busy time and
-work together. All print Markdown tables.
+``phases`` splits the trace at the schedule's ``phase`` events and prints, per phase,
+GPU 0's busy time (SM activity), work rate (``tensor_active × sm_clock``) and work per
+busy second, then each cause against the baseline and issue #28's table: a throttled
+clock raises busy time and ``tensor_active`` with the work rate level; a stall at the
+same SM clock raises busy time with the work rate level; more work (a larger batch)
+raises busy time and work rate together. All print Markdown tables.
 """
 
 from __future__ import annotations
@@ -199,29 +200,118 @@ def compare(trace: Path, smi: Path, dmon: Path) -> None:
     _table("against nvidia-smi dmon (1 s means, MB/s)", dmon_pairs, lambda m: False)
 
 
-def phases(events: Path, trace: Path) -> None:
-    """GPU 0's busy time, work rate and work per busy second between the events."""
-    import datetime
-    import json
+# issue #28's table: how each cause moves busy time, work rate and work per busy second
+# against the baseline (+1 up, 0 level within LEVEL, -1 down)
+EXPECTED: dict[str, dict[str, int]] = {
+    "throttled": {"busy": 1, "tensor": 1, "work": 0},
+    "memory-clock": {"busy": 1, "work": 0, "work/busy": -1},
+    "stall": {"busy": 1, "work": 0, "work/busy": -1},
+    "more-work": {"busy": 1, "tensor": 1, "work": 1, "work/busy": 0},
+}
+LEVEL = 0.07  # a change under 7 % is level
+SETTLE = 3.0  # seconds after an event left out: the change lands within a window or two
 
-    marks = [(line[:8], line[9:].strip()) for line in events.read_text().splitlines()
-             if line[:2].isdigit()] + [("99:99:99", "end")]
+
+def _direction(ratio: float) -> int:
+    return 0 if abs(ratio - 1) <= LEVEL else (1 if ratio > 1 else -1)
+
+
+def _phase_marks(events: Path) -> list[tuple[float, str]]:
+    """(epoch seconds, phase name) of each ``HH:MM:SS phase NAME: …`` line, then the end."""
+    marks = []
+    for line in events.read_text().splitlines():
+        parts = line.split(maxsplit=2)
+        if len(parts) == 3 and parts[1] == "phase":
+            t = datetime.strptime(parts[0], "%H:%M:%S")
+            marks.append((float(t.hour * 3600 + t.minute * 60 + t.second),
+                          parts[2].split(":")[0].strip()))
+    return marks
+
+
+def _step_ms(train_log: Path | None) -> list[tuple[float, float]]:
+    """(epoch seconds, median ms a step's own work took) from gpu_train.py's lines."""
+    if train_log is None or not train_log.exists():
+        return []
     rows = []
-    for line in trace.read_text().splitlines():
-        sample = json.loads(line)
+    for line in train_log.read_text().splitlines():
+        parts = line.split()
+        if "step_ms" in parts:
+            rows.append((float(parts[0]), float(parts[parts.index("step_ms") + 1])))
+    return rows
+
+
+def phase_table(events: Path, trace: Path,
+                train_log: Path | None = None) -> dict[str, dict[str, float]]:
+    """Phase name → GPU 0's mean readings over it (the first phase of each name).
+
+    Work rate is ``tensor_active × sm_clock`` (a share of cycles at the current clock,
+    times the clock); where GPM's raw cycle counters came, ``mma`` (MMA Gcycles a
+    second) is the second witness. ``busy_sd`` is the spread of the 1 s readings within
+    the phase: what the step's beat against the window makes on a steady GPU."""
+    marks = _phase_marks(events)
+    rows: list[tuple[float, dict[str, float]]] = []
+    for sample in decode_trace(trace.read_text().splitlines()):
         gpu = sample["gpus"].get("0", {})
         if {"sm_active", "tensor_active", "sm_clock"} <= gpu.keys():
-            at = datetime.datetime.fromtimestamp(sample["ts"], datetime.UTC).strftime("%H:%M:%S")
-            rows.append((at, gpu["sm_active"], gpu["tensor_active"] * gpu["sm_clock"]))
-    print("| from | event | samples | busy | work (tensor × MHz) | work per busy |")
-    print("|---|---|---|---|---|---|")
-    for (start, what), (end, _) in zip(marks, marks[1:], strict=False):
-        phase = [(busy, work) for at, busy, work in rows if start <= at < end]
-        if len(phase) >= 3:
-            busy = statistics.fmean(b for b, _ in phase)
-            work = statistics.fmean(w for _, w in phase)
-            print(f"| {start} | {what[:48]} | {len(phase)} | {busy:.3f} | {work:.1f} | "
-                  f"{work / max(busy, 1e-6):.1f} |")
+            rows.append((sample["ts"] % 86400, {  # time of day, UTC, as the log's
+                "busy": gpu["sm_active"], "tensor": gpu["tensor_active"],
+                "clock": gpu["sm_clock"], "work": gpu["tensor_active"] * gpu["sm_clock"],
+                "mem_clock": gpu.get("mem_clock", float("nan")),
+                "dram": gpu.get("dram_active", float("nan")),
+                "power": gpu.get("power", float("nan")),
+                "mma": gpu.get("mma_cycles_active", float("nan")) / 1e9}))
+    steps = [(ts % 86400, ms) for ts, ms in _step_ms(train_log)]
+    table: dict[str, dict[str, float]] = {}
+    for (start, name), (end, _) in zip(marks, [*marks[1:], (float("inf"), "")], strict=True):
+        phase = [v for ts, v in rows if start + SETTLE <= ts < end]
+        ms = [m for ts, m in steps if start + SETTLE + 5 <= ts < end]  # a line covers 5 s
+        if len(phase) < 3 or name in table:
+            continue
+        mean = {k: statistics.fmean(v[k] for v in phase) for k in phase[0]}
+        mean["work/busy"] = mean["work"] / max(mean["busy"], 1e-6)
+        mean["busy_sd"] = statistics.stdev(v["busy"] for v in phase)
+        mean["samples"] = len(phase)
+        mean["step_ms"] = statistics.median(ms) if ms else float("nan")
+        table[name] = mean
+    return table
+
+
+def verdicts(table: dict[str, dict[str, float]]) -> dict[str, tuple[dict[str, float], str]]:
+    """Cause → (its readings over the baseline's, whether they move as issue #28's table
+    says: "yes", "NO", "not run", or "not applied" where the memory clock did not move)."""
+    base = table.get("baseline")
+    out: dict[str, tuple[dict[str, float], str]] = {}
+    for name, expected in EXPECTED.items():
+        if base is None or name not in table:
+            out[name] = ({}, "not run")
+            continue
+        ratio = {k: table[name][k] / base[k] if base[k] else float("nan")
+                 for k in ("busy", "tensor", "work", "work/busy", "mma", "mem_clock")}
+        if name == "memory-clock" and _direction(ratio["mem_clock"]) == 0:
+            out[name] = (ratio, "not applied (memory clock unchanged)")
+            continue
+        agree = all(_direction(ratio[k]) == d for k, d in expected.items())
+        out[name] = (ratio, "yes" if agree else "NO")
+    return out
+
+
+def phases(events: Path, trace: Path, train_log: Path | None = None) -> None:
+    """Print the phase table, then each cause against the baseline and issue #28's table."""
+    table = phase_table(events, trace, train_log)
+    print("| phase | samples | step ms | busy (sd) | tensor | SM MHz | mem MHz | work (tensor "
+          "× MHz) | work / busy | dram | power W | MMA Gcycles/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, m in table.items():
+        print(f"| {name} | {m['samples']:.0f} | {m['step_ms']:.1f} | {m['busy']:.3f} "
+              f"({m['busy_sd']:.3f}) | {m['tensor']:.3f} | {m['clock']:.0f} | "
+              f"{m['mem_clock']:.0f} | {m['work']:.1f} | {m['work/busy']:.1f} | "
+              f"{m['dram']:.3f} | {m['power']:.0f} | {m['mma']:.1f} |")
+    print("\n| cause | busy | tensor | work | work / busy | MMA | as issue #28's table says |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (ratio, verdict) in verdicts(table).items():
+        cells = [f"×{ratio[k]:.2f}" if k in ratio else "—"
+                 for k in ("busy", "tensor", "work", "work/busy", "mma")]
+        print(f"| {name} | {' | '.join(cells)} | {verdict} |")
 
 
 def main() -> None:
@@ -239,11 +329,12 @@ def main() -> None:
     ph = sub.add_parser("phases")
     ph.add_argument("events", type=Path)
     ph.add_argument("trace", type=Path)
+    ph.add_argument("train_log", type=Path, nargs="?")
     args = parser.parse_args()
     if args.what == "calls":
         calls(args.ticks, args.interval)
     elif args.what == "phases":
-        phases(args.events, args.trace)
+        phases(args.events, args.trace, args.train_log)
     else:
         compare(args.trace, args.smi, args.dmon)
 

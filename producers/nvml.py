@@ -52,6 +52,9 @@ GPM_METRICS: dict[str, tuple[str, float]] = {
     "NVML_GPM_METRIC_SM_CYCLES_ACTIVE": ("sm_cycles_active", 1.0),
     "NVML_GPM_METRIC_MMA_CYCLES_ACTIVE": ("mma_cycles_active", 1.0),
 }
+# the raw cycle counters came with newer drivers; an older one refuses a request with them
+GPM_CYCLE_METRICS = ("NVML_GPM_METRIC_SM_CYCLES_ELAPSED", "NVML_GPM_METRIC_SM_CYCLES_ACTIVE",
+                     "NVML_GPM_METRIC_MMA_CYCLES_ACTIVE")
 NVML_NAMES = (
     "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetMinorNumber", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
@@ -98,6 +101,9 @@ class NvmlSource:
                 self.call("nvmlDeviceRegisterEvents", handle,
                           nvml.nvmlEventTypeXidCriticalError, self.events)
         self.gpm: dict[str, Any] = {}
+        # the GPM metrics asked for: those these bindings name (an older nvidia-ml-py
+        # lacks the cycle counters), less the cycle counters once the driver refuses them
+        self.gpm_names = [name for name in GPM_METRICS if hasattr(nvml, name)]
         for key, handle in self.devices.items():
             support = self.call("nvmlGpmQueryDeviceSupport", handle)
             if support is not None and bool(getattr(support, "isSupportedDevice", False)):
@@ -196,28 +202,39 @@ class NvmlSource:
 
     def _gpm(self, key: str, h: Any) -> dict[str, float]:
         """Two GPM samples ≥ 100 ms apart (one tick) give activity over the interval."""
-        n, previous = self.nvml, self.gpm[key]
+        previous = self.gpm[key]
         current = self.call("nvmlGpmSampleAlloc")
         if current is None or self.call("nvmlGpmSampleGet", h, current) is None:
             return {}
-        request = n.c_nvmlGpmMetricsGet_t()
-        request.version = n.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(GPM_METRICS)
-        request.sample1, request.sample2 = previous, current
-        for i, name in enumerate(GPM_METRICS):
-            request.metrics[i].metricId = getattr(n, name)
-        result = self.call("nvmlGpmMetricsGet", request)
+        result = self._gpm_metrics(previous, current)
+        if result is None and any(name in GPM_CYCLE_METRICS for name in self.gpm_names):
+            log.warning("the driver refuses GPM's cycle counters (metrics 248-250); reading "
+                        "the other GPM metrics without them")
+            self.gpm_names = [name for name in self.gpm_names if name not in GPM_CYCLE_METRICS]
+            result = self._gpm_metrics(previous, current)
         self.call("nvmlGpmSampleFree", previous)
         self.gpm[key] = current
         out: dict[str, float] = {}
         if result is None:
             return out
-        for i, (metric, scale) in enumerate(GPM_METRICS.values()):
+        for i, name in enumerate(self.gpm_names):
+            metric, scale = GPM_METRICS[name]
             m = result.metrics[i]
             if m.nvmlReturn == 0 and m.value >= 0:
                 value = m.value * scale
                 out[metric] = min(value, 1.0) if scale == 0.01 else value
         return out
+
+    def _gpm_metrics(self, sample1: Any, sample2: Any) -> Any:
+        """``nvmlGpmMetricsGet`` for ``gpm_names`` between two samples, or None."""
+        n = self.nvml
+        request = n.c_nvmlGpmMetricsGet_t()
+        request.version = n.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(self.gpm_names)
+        request.sample1, request.sample2 = sample1, sample2
+        for i, name in enumerate(self.gpm_names):
+            request.metrics[i].metricId = getattr(n, name)
+        return self.call("nvmlGpmMetricsGet", request)
 
     def _nvlink(self, key: str, h: Any, now: float) -> dict[str, float]:
         n = self.nvml

@@ -59,6 +59,7 @@ class FakeNvml:
         self.clock = clock
         self.calls = 0
         self.unsupported: set[str] = set()
+        self.gpm_max_metric = 1 << 16  # an older driver knows fewer GPM metrics
         self.lost: set[int] = set()
         self._events: deque[tuple[int, int]] = deque()
         self._nvlink_kib: dict[int, list[float]] = {}
@@ -255,6 +256,9 @@ class FakeNvml:
     def nvmlGpmMetricsGet(self, request: Any) -> Any:
         self._enter("nvmlGpmMetricsGet")
         assert self._last_sampled is not None
+        if any(request.metrics[i].metricId > self.gpm_max_metric
+               for i in range(request.numMetrics)):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         v = self._v(self._last_sampled)
         by_id = {getattr(pynvml, name): (metric, scale)
                  for name, (metric, scale) in _gpm_table().items()}

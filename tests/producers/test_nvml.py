@@ -50,6 +50,17 @@ def test_pre_hopper_nvlink_rate_from_counters_and_pcie_in_bytes() -> None:
     assert "sm_active" not in second  # no GPM before Hopper: absent, never zero
 
 
+def test_a_driver_without_gpm_cycle_counters_still_gives_the_other_gpm_metrics() -> None:
+    fake = FakeNvml(gpus=1)
+    fake.gpm_max_metric = pynvml.NVML_GPM_METRIC_SM_CYCLES_ELAPSED - 1  # an older driver
+    source = NvmlSource(fake)
+    for tick in (1.0, 2.0):
+        gpu = source.read(tick).gpus["0"]
+        assert "sm_active" in gpu and "tensor_active" in gpu
+        assert "sm_cycles_elapsed" not in gpu and "mma_cycles_active" not in gpu
+    assert source.errors["NVMLError_InvalidArgument"] == 1  # refused once, not every tick
+
+
 def test_unsupported_calls_are_absent_and_counted_never_raised() -> None:
     fake = FakeNvml(gpus=1)
     fake.unsupported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEccErrors"}
