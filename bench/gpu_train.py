@@ -14,8 +14,15 @@ pacing the causes of issue #28's table can be made on one GPU, with real counter
 
 - SIGUSR1 toggles **more work**: the batch grows by ``--more`` (20 %), as on a rank that
   got more tokens than its peers (a hot MoE expert). Busy time and tensor work both rise.
-- SIGUSR2 toggles **a stall**: every step adds memory-bound copies sized to ``--stall``
-  (20 %) of the calibrated step, no matrix work. Busy time rises, tensor work does not.
+- SIGUSR2 toggles **memory work**: every step adds memory-bound copies sized to
+  ``--stall`` (20 %) of the calibrated step, no matrix work. Busy time and
+  ``dram_active`` rise, tensor work does not: more work of a memory-bound kind (an
+  uneven embedding gather), which moves bytes a stall would not.
+- SIGWINCH toggles **a stall**: every step adds a kernel whose warps sit on every SM
+  spinning on the clock for ``--stall`` of the calibrated step (as an NCCL kernel waits
+  on a slow link, or warps wait on a slow memory), moving no bytes and doing no matrix
+  work (CuPy compiles it; without CuPy the toggle is logged and does nothing). Busy time
+  rises; tensor work and ``dram_active`` stay level.
 - Locked SM clocks (``nvidia-smi -lgc``, from outside) make the same work take longer:
   busy time and ``tensor_active`` rise, ``tensor_active × sm_clock`` stays level.
 
@@ -30,6 +37,7 @@ import argparse
 import signal
 import statistics
 import time
+from collections.abc import Callable
 from types import FrameType
 
 import torch
@@ -46,23 +54,41 @@ def _model(width: int, layers: int, device: str) -> nn.Module:
 
 
 class Modes:
-    """The two toggles the schedule sends as signals."""
+    """The toggles the schedule sends as signals."""
+
+    SIGNALS = {"more-work": signal.SIGUSR1, "memory-work": signal.SIGUSR2,
+               "stall": signal.SIGWINCH}
 
     def __init__(self) -> None:
-        self.more_work = False
-        self.stall = False
-        signal.signal(signal.SIGUSR1, self._toggle_work)
-        signal.signal(signal.SIGUSR2, self._toggle_stall)
+        self.on: dict[str, bool] = dict.fromkeys(self.SIGNALS, False)
+        by_signal = {int(sig): name for name, sig in self.SIGNALS.items()}
 
-    def _toggle_work(self, signum: int, frame: FrameType | None) -> None:
-        self.more_work = not self.more_work
+        def toggle(signum: int, frame: FrameType | None) -> None:
+            self.on[by_signal[signum]] = not self.on[by_signal[signum]]
 
-    def _toggle_stall(self, signum: int, frame: FrameType | None) -> None:
-        self.stall = not self.stall
+        for sig in self.SIGNALS.values():
+            signal.signal(sig, toggle)
 
     def name(self) -> str:
-        return "+".join(m for m, on in (("more-work", self.more_work),
-                                        ("stall", self.stall)) if on) or "base"
+        return "+".join(m for m, on in self.on.items() if on) or "base"
+
+
+def _spin_kernel() -> Callable[[int], None] | None:
+    """A launcher of the stall's kernel (CuPy), or None where CuPy is missing."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    kernel = cupy.RawKernel(r"""
+    extern "C" __global__ void spin(long long cycles) {
+        long long start = clock64();
+        while (clock64() - start < cycles) { }
+    }""", "spin")
+    blocks = 4 * cupy.cuda.Device(0).attributes.get("MultiProcessorCount", 132)
+
+    def launch(cycles: int) -> None:
+        kernel((blocks,), (256,), (cupy.int64(cycles),))
+    return launch
 
 
 class Trainer:
@@ -79,36 +105,49 @@ class Trainer:
         self.src = torch.empty(64 << 20, device=args.device)
         self.dst = torch.empty_like(self.src)
         self.copies = 0
+        self.spin = _spin_kernel() if args.device.startswith("cuda") else None
+        self.spin_cycles = 0
 
     def sync(self) -> None:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def step(self, more_work: bool, stall: bool) -> float:
-        """One training step (plus the stall's copies); seconds it took, synchronised."""
+    def step(self, on: dict[str, bool]) -> float:
+        """One training step (plus the toggles' copies or spin); seconds it took."""
         start = time.monotonic()
         with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16):
-            loss = self.model(self.inputs[more_work]).float().pow(2).mean()
+            loss = self.model(self.inputs[on["more-work"]]).float().pow(2).mean()
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        if stall:
+        if on["memory-work"]:
             for _ in range(self.copies):
                 self.dst.copy_(self.src)
+        if on["stall"] and self.spin is not None:
+            self.sync()  # the spin waits for the step's kernels, as a collective would
+            self.spin(self.spin_cycles)
         self.sync()
         return time.monotonic() - start
 
     def calibrate(self, stall_share: float) -> float:
-        """The median step time, and the copies that make ``stall_share`` of it."""
+        """The median step time, and the copies and spin that make ``stall_share`` of it."""
+        base = dict.fromkeys(Modes.SIGNALS, False)
         for _ in range(WARMUP_STEPS):
-            self.step(False, False)
-        step = statistics.median(self.step(False, False) for _ in range(CALIBRATION_STEPS))
+            self.step(base)
+        step = statistics.median(self.step(base) for _ in range(CALIBRATION_STEPS))
         start = time.monotonic()
         for _ in range(10):
             self.dst.copy_(self.src)
         self.sync()
         copy = (time.monotonic() - start) / 10
         self.copies = max(1, round(stall_share * step / copy))
+        if self.spin is not None:  # the clock its cycles count at, measured
+            self.spin(1_000_000)
+            self.sync()
+            start = time.monotonic()
+            self.spin(20_000_000)
+            self.sync()
+            self.spin_cycles = int(stall_share * step * 20e6 / (time.monotonic() - start))
         return step
 
 
@@ -120,12 +159,14 @@ def train(args: argparse.Namespace) -> None:
     step = trainer.calibrate(args.stall)
     period = step / args.busy if args.busy < 1 else 0.0
     print(f"{time.time():.0f} calibrated: step {step * 1e3:.1f} ms, period "
-          f"{period * 1e3:.1f} ms (busy {args.busy:.0%}), stall {trainer.copies} copies of "
-          f"{trainer.src.numel() * 4 >> 20} MiB", flush=True)
+          f"{period * 1e3:.1f} ms (busy {args.busy:.0%}), memory work {trainer.copies} "
+          f"copies of {trainer.src.numel() * 4 >> 20} MiB, stall "
+          f"{f'{trainer.spin_cycles:,} cycles' if trainer.spin else 'unavailable'}",
+          flush=True)
     took: list[float] = []
     mark = next_start = time.monotonic()
     while time.monotonic() < end:
-        took.append(trainer.step(modes.more_work, modes.stall))
+        took.append(trainer.step(modes.on))
         next_start += period
         now = time.monotonic()
         if next_start > now:
@@ -163,7 +204,8 @@ def main() -> None:
                         "pacing, back-to-back steps)")
     parser.add_argument("--more", type=float, default=0.2, help="SIGUSR1's extra batch share")
     parser.add_argument("--stall", type=float, default=0.2,
-                        help="SIGUSR2's memory-bound time, a share of the calibrated step")
+                        help="SIGUSR2's memory-bound time and SIGWINCH's spin, a share of "
+                        "the calibrated step")
     parser.add_argument("--report", type=float, default=5.0, help="seconds between lines")
     args = parser.parse_args()
     if args.compete:

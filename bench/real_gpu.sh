@@ -18,9 +18,10 @@
 # and makes real changes, one phase each (each logged with its exit status; one the
 # machine refuses is skipped): SM clocks locked at 1,410 MHz (a throttle), the memory
 # clock locked at its lowest (a stall at the same SM clock, where the GPU has more
-# than one memory clock), memory-bound copies added to every step (a stall), a 20 %
+# than one memory clock), warps spinning on every SM in every step (a stall: no bytes,
+# no matrix work), memory-bound copies in every step (memory-bound work), a 20 %
 # larger batch (more work), a lower power limit, a second process competing for the
-# GPU, a pause of the training loop. Then it reports:
+# GPU, a pause of the training loop (REAL_GPU_PHASES picks some). Then it reports:
 #   - every reading against nvidia-smi (units, scale, GPM availability, clocks-event reasons),
 #   - µs per NVML call and the agent's CPU on the real driver,
 #   - Moneo's adaptive sampling on the real trace (bench_sampling.py --trace),
@@ -44,7 +45,7 @@ nvidia-smi -q > "$OUTDIR/nvidia-smi-q.txt"
 $PY -c 'import torch, pynvml; print("torch", torch.__version__, "nvidia-ml-py", pynvml.__version__ if hasattr(pynvml, "__version__") else "?")' | tee -a "$OUTDIR/events.log"
 
 log "NVML call cost"
-$PY bench/real_gpu_check.py calls --ticks 100 > "$OUTDIR/nvml-calls.md" 2>&1
+$PY bench/real_gpu_check.py calls --ticks "${REAL_GPU_CALL_TICKS:-100}" > "$OUTDIR/nvml-calls.md" 2>&1
 cat "$OUTDIR/nvml-calls.md"
 
 nvidia-smi --query-gpu="$($PY -c 'from bench.real_gpu_check import SMI_QUERY; print(SMI_QUERY)')" \
@@ -76,26 +77,45 @@ cpu() { awk '{print $14 + $15}' "/proc/$AGENT/stat" 2>/dev/null || echo 0; }
 for _ in $(seq 120); do grep -q calibrated "$OUTDIR/train.log" && break; sleep 1; done
 grep calibrated "$OUTDIR/train.log" | tee -a "$OUTDIR/events.log"
 C0=$(cpu); T0=$(date +%s.%N)
+# one function a phase, each followed by a settling half phase
+run_throttled() {
+  phase throttled "lock SM clocks 1410 MHz: rc $(smi -lgc 1410,1410)"; sleep "$P"
+  phase settle "unlock SM clocks: rc $(smi -rgc)"; sleep $((P / 2))
+}
+run_memory_clock() {
+  # nvidia-smi answers rc 0 where the lock is not supported (an H100 wants the deferred
+  # lock, which needs a GPU reset): the clock read back says whether it took
+  local rc; rc=$(smi -lmc "${MCLK:-0}")
+  phase memory-clock "lock memory clock ${MCLK:-?} MHz: rc $rc, now $(nvidia-smi -i 0 \
+    --query-gpu=clocks.mem --format=csv,noheader,nounits) MHz"; sleep "$P"
+  phase settle "unlock memory clock: rc $(smi -rmc)"; sleep $((P / 2))
+}
+toggle() {  # phase name, signal, what
+  phase "$1" "$3 ($2)"; kill -"$2" $TRAIN; sleep "$P"
+  kill -"$2" $TRAIN; phase settle "$1 off"; sleep $((P / 2))
+}
+run_stall() { toggle stall WINCH "warps spinning on every SM in every step, no bytes"; }
+run_memory_work() { toggle memory-work USR2 "memory-bound copies in every step"; }
+run_more_work() { toggle more-work USR1 "batch +20 %"; }
+run_power_cap() {
+  phase power-cap "power limit ${PMIN:-?} W: rc $(smi -pl "${PMIN%.*}")"; sleep "$P"
+  phase settle "power limit ${PDEF:-?} W: rc $(smi -pl "${PDEF%.*}")"; sleep $((P / 2))
+}
+run_competitor() {
+  phase competitor "a second process's matrix products for ${P} s"
+  $PY bench/gpu_train.py --compete --device "$DEVICE" $TRAIN_ARGS --seconds "$P" \
+    >> "$OUTDIR/train.log" 2>&1
+  phase settle "competitor ended"; sleep $((P / 2))
+}
+run_paused() {
+  phase paused "training stopped (SIGSTOP)"; kill -STOP $TRAIN; sleep $((P / 2))
+  kill -CONT $TRAIN; phase resumed "training resumed"; sleep $((P / 2))
+}
 phase baseline "paced training, nothing changed"; sleep "$P"
-phase throttled "lock SM clocks 1410 MHz: rc $(smi -lgc 1410,1410)"; sleep "$P"
-phase settle "unlock SM clocks: rc $(smi -rgc)"; sleep $((P / 2))
-# nvidia-smi answers rc 0 where the lock is not supported (an H100 wants the deferred
-# lock, which needs a GPU reset): the clock read back says whether it took
-RC=$(smi -lmc "${MCLK:-0}")
-phase memory-clock "lock memory clock ${MCLK:-?} MHz: rc $RC, now $(nvidia-smi -i 0 \
-  --query-gpu=clocks.mem --format=csv,noheader,nounits) MHz"; sleep "$P"
-phase settle "unlock memory clock: rc $(smi -rmc)"; sleep $((P / 2))
-phase stall "memory-bound copies in every step (SIGUSR2)"; kill -USR2 $TRAIN; sleep "$P"
-kill -USR2 $TRAIN; phase settle "stall off"; sleep $((P / 2))
-phase more-work "batch +20 % (SIGUSR1)"; kill -USR1 $TRAIN; sleep "$P"
-kill -USR1 $TRAIN; phase settle "more work off"; sleep $((P / 2))
-phase power-cap "power limit ${PMIN:-?} W: rc $(smi -pl "${PMIN%.*}")"; sleep "$P"
-phase settle "power limit ${PDEF:-?} W: rc $(smi -pl "${PDEF%.*}")"; sleep $((P / 2))
-phase competitor "a second process's matrix products for ${P} s"
-$PY bench/gpu_train.py --compete --device "$DEVICE" $TRAIN_ARGS --seconds "$P" >> "$OUTDIR/train.log" 2>&1
-phase settle "competitor ended"; sleep $((P / 2))
-phase paused "training stopped (SIGSTOP)"; kill -STOP $TRAIN; sleep $((P / 2))
-kill -CONT $TRAIN; phase resumed "training resumed"; sleep $((P / 2))
+for name in ${REAL_GPU_PHASES:-throttled memory-clock stall memory-work more-work power-cap \
+    competitor paused}; do
+  "run_${name//-/_}"
+done
 C1=$(cpu); T1=$(date +%s.%N)
 restore; wait $TRAIN 2>/dev/null
 RSS=$(awk '/VmHWM/ {print $2}' "/proc/$AGENT/status" 2>/dev/null)

@@ -205,7 +205,9 @@ def compare(trace: Path, smi: Path, dmon: Path) -> None:
 EXPECTED: dict[str, dict[str, int]] = {
     "throttled": {"busy": 1, "tensor": 1, "work": 0},
     "memory-clock": {"busy": 1, "work": 0, "work/busy": -1},
-    "stall": {"busy": 1, "work": 0, "work/busy": -1},
+    "stall": {"busy": 1, "tensor": 0, "work": 0, "work/busy": -1, "dram": 0},
+    # not a row of the table: more work of a memory-bound kind moves more bytes
+    "memory-work": {"busy": 1, "tensor": 0, "work": 0, "dram": 1},
     "more-work": {"busy": 1, "tensor": 1, "work": 1, "work/busy": 0},
 }
 LEVEL = 0.07  # a change under 7 % is level
@@ -240,33 +242,45 @@ def _step_ms(train_log: Path | None) -> list[tuple[float, float]]:
     return rows
 
 
+def phase_samples(events: Path, trace: Path) -> dict[str, list[dict[str, Any]]]:
+    """Phase name → the trace's samples in it, SETTLE seconds after its start left out
+    (phases of one name after the first are appended to it)."""
+    marks = _phase_marks(events)
+    found: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for sample in decode_trace(trace.read_text().splitlines()):
+        tod = sample["ts"] % 86400  # time of day, UTC, as the log's
+        current = [(start, name) for start, name in marks if start <= tod]
+        if current and tod >= current[-1][0] + SETTLE:
+            found[current[-1][1]].append(sample)
+    return dict(found)
+
+
 def phase_table(events: Path, trace: Path,
                 train_log: Path | None = None) -> dict[str, dict[str, float]]:
-    """Phase name → GPU 0's mean readings over it (the first phase of each name).
+    """Phase name → GPU 0's mean readings over it.
 
     Work rate is ``tensor_active × sm_clock`` (a share of cycles at the current clock,
     times the clock); where GPM's raw cycle counters came, ``mma`` (MMA Gcycles a
     second) is the second witness. ``busy_sd`` is the spread of the 1 s readings within
     the phase: what the step's beat against the window makes on a steady GPU."""
     marks = _phase_marks(events)
-    rows: list[tuple[float, dict[str, float]]] = []
-    for sample in decode_trace(trace.read_text().splitlines()):
-        gpu = sample["gpus"].get("0", {})
-        if {"sm_active", "tensor_active", "sm_clock"} <= gpu.keys():
-            rows.append((sample["ts"] % 86400, {  # time of day, UTC, as the log's
-                "busy": gpu["sm_active"], "tensor": gpu["tensor_active"],
-                "clock": gpu["sm_clock"], "work": gpu["tensor_active"] * gpu["sm_clock"],
-                "mem_clock": gpu.get("mem_clock", float("nan")),
-                "dram": gpu.get("dram_active", float("nan")),
-                "power": gpu.get("power", float("nan")),
-                "mma": gpu.get("mma_cycles_active", float("nan")) / 1e9}))
     steps = [(ts % 86400, ms) for ts, ms in _step_ms(train_log)]
     table: dict[str, dict[str, float]] = {}
-    for (start, name), (end, _) in zip(marks, [*marks[1:], (float("inf"), "")], strict=True):
-        phase = [v for ts, v in rows if start + SETTLE <= ts < end]
-        ms = [m for ts, m in steps if start + SETTLE + 5 <= ts < end]  # a line covers 5 s
-        if len(phase) < 3 or name in table:
+    for name, samples in phase_samples(events, trace).items():
+        phase = [{"busy": g["sm_active"], "tensor": g["tensor_active"], "clock": g["sm_clock"],
+                  "work": g["tensor_active"] * g["sm_clock"],
+                  "mem_clock": g.get("mem_clock", float("nan")),
+                  "dram": g.get("dram_active", float("nan")),
+                  "power": g.get("power", float("nan")),
+                  "mma": g.get("mma_cycles_active", float("nan")) / 1e9}
+                 for g in (s["gpus"].get("0", {}) for s in samples)
+                 if {"sm_active", "tensor_active", "sm_clock"} <= g.keys()]
+        if len(phase) < 3:
             continue
+        spans = [(start, end) for (start, n), (end, _) in
+                 zip(marks, [*marks[1:], (float("inf"), "")], strict=True) if n == name]
+        ms = [m for ts, m in steps  # a line covers the 5 s before it
+              if any(start + SETTLE + 5 <= ts < end for start, end in spans)]
         mean = {k: statistics.fmean(v[k] for v in phase) for k in phase[0]}
         mean["work/busy"] = mean["work"] / max(mean["busy"], 1e-6)
         mean["busy_sd"] = statistics.stdev(v["busy"] for v in phase)
@@ -286,7 +300,7 @@ def verdicts(table: dict[str, dict[str, float]]) -> dict[str, tuple[dict[str, fl
             out[name] = ({}, "not run")
             continue
         ratio = {k: table[name][k] / base[k] if base[k] else float("nan")
-                 for k in ("busy", "tensor", "work", "work/busy", "mma", "mem_clock")}
+                 for k in ("busy", "tensor", "work", "work/busy", "dram", "mma", "mem_clock")}
         if name == "memory-clock" and _direction(ratio["mem_clock"]) == 0:
             out[name] = (ratio, "not applied (memory clock unchanged)")
             continue
@@ -306,11 +320,12 @@ def phases(events: Path, trace: Path, train_log: Path | None = None) -> None:
               f"({m['busy_sd']:.3f}) | {m['tensor']:.3f} | {m['clock']:.0f} | "
               f"{m['mem_clock']:.0f} | {m['work']:.1f} | {m['work/busy']:.1f} | "
               f"{m['dram']:.3f} | {m['power']:.0f} | {m['mma']:.1f} |")
-    print("\n| cause | busy | tensor | work | work / busy | MMA | as issue #28's table says |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| cause | busy | tensor | work | work / busy | dram | MMA | as issue #28's table "
+          "says |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, (ratio, verdict) in verdicts(table).items():
         cells = [f"×{ratio[k]:.2f}" if k in ratio else "—"
-                 for k in ("busy", "tensor", "work", "work/busy", "mma")]
+                 for k in ("busy", "tensor", "work", "work/busy", "dram", "mma")]
         print(f"| {name} | {' | '.join(cells)} | {verdict} |")
 
 

@@ -16,6 +16,7 @@ from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
 
 FIXTURE = Path(__file__).parent / "fixtures" / "real_gpu_h100"
+STALL = Path(__file__).parent / "fixtures" / "real_gpu_h100_stall"
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_gpu_check.py"
 
 
@@ -27,11 +28,15 @@ def _checker() -> ModuleType:
     return module
 
 
+def unpacked(fixture: Path, tmp: Path) -> Path:
+    path = tmp / f"{fixture.name}.jsonl"
+    path.write_bytes(gzip.decompress((fixture / "trace.jsonl.gz").read_bytes()))
+    return path
+
+
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("real") / "trace.jsonl"
-    path.write_bytes(gzip.decompress((FIXTURE / "trace.jsonl.gz").read_bytes()))
-    return path
+    return unpacked(FIXTURE, tmp_path_factory.mktemp("real"))
 
 
 def test_work_rate_tells_throttle_stall_and_more_work_apart_on_a_real_gpu(trace: Path) -> None:
@@ -39,16 +44,29 @@ def test_work_rate_tells_throttle_stall_and_more_work_apart_on_a_real_gpu(trace:
     table = checker.phase_table(FIXTURE / "events.log", trace, FIXTURE / "train.log")
     found = checker.verdicts(table)
     # issue #28's table: a throttle raises busy time and tensor_active, not the work
-    # rate; a stall raises busy time alone; more work raises both together
-    assert found["throttled"][1] == "yes" and found["stall"][1] == "yes"
-    assert found["more-work"][1] == "yes"
+    # rate; more work raises both together
+    assert found["throttled"][1] == "yes" and found["more-work"][1] == "yes"
     assert found["memory-clock"][1].startswith("not applied")  # the H100 refused -lmc
-    throttled, stall, more = (found[k][0] for k in ("throttled", "stall", "more-work"))
+    throttled, more = found["throttled"][0], found["more-work"][0]
     assert throttled["tensor"] == pytest.approx(1980 / 1410, rel=0.03)  # share of cycles
-    assert stall["work"] == pytest.approx(1.0, abs=0.02)
     assert more["work"] == pytest.approx(1.2, abs=0.03)  # the batch grew 20 %
     # the ground truth: the step's own work took longer in each
-    assert table["stall"]["step_ms"] > 1.1 * table["baseline"]["step_ms"]
+    for cause in ("throttled", "more-work"):
+        assert table[cause]["step_ms"] > 1.1 * table["baseline"]["step_ms"]
+    # this run's "stall" was memory-bound copies (see the README): work level, bytes up
+    assert found["stall"][0]["work"] == pytest.approx(1.0, abs=0.02)
+    assert found["stall"][0]["dram"] > 1.25
+
+
+def test_a_stall_moves_no_bytes_and_memory_work_does(tmp_path: Path) -> None:
+    checker = _checker()
+    table = checker.phase_table(STALL / "events.log", unpacked(STALL, tmp_path),
+                                STALL / "train.log")
+    found = checker.verdicts(table)
+    assert found["stall"][1] == "yes" and found["memory-work"][1] == "yes"
+    stall, memory = found["stall"][0], found["memory-work"][0]
+    assert stall["busy"] > 1.15 and stall["work"] == pytest.approx(1.0, abs=0.02)
+    assert stall["dram"] == pytest.approx(1.0, abs=0.02) and memory["dram"] > 1.25
 
 
 def test_real_readings_match_nvidia_smi(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:

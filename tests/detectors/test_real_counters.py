@@ -1,0 +1,115 @@
+"""The detectors on counters a real H100 made (tests/producers/fixtures/real_gpu_h100*).
+
+One GPU was recorded, paced as one rank of a synchronous job, through phases of known
+cause. Here it is GPU 0 of an 8-GPU node whose seven peers replay the same GPU's
+healthy phases, each from its own offset: every reading the detectors see is a real
+one (the real window-against-step beat, the real counter ratios), only the peers are
+the same silicon. Each cause's samples are cycled to last as long as a test needs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from contracts.config import DetectConfig
+from contracts.messages import Detection
+from detectors.engine import ReplayRunner
+
+FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "fixtures"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_gpu_check.py"
+HEALTHY = ("baseline", "settle", "memory-clock", "resumed")  # memory-clock: not applied
+LEAD = 240  # seconds of the healthy job before the cause
+
+
+def _checker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("real_gpu_check", BENCH)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _phases(name: str, tmp: Path) -> dict[str, list[dict[str, Any]]]:
+    fixture = FIXTURES / name
+    trace = tmp / f"{name}.jsonl"
+    trace.write_bytes(gzip.decompress((fixture / "trace.jsonl.gz").read_bytes()))
+    phases = _checker().phase_samples(fixture / "events.log", trace)
+    # the healthy pool: the phases where the paced loop ran unchanged (the first
+    # seconds of the run, before the loop's calibration, are no phase)
+    phases["healthy"] = [s for p in HEALTHY for s in phases.get(p, [])]
+    return phases
+
+
+def _replay(phases: dict[str, list[dict[str, Any]]], cause: str,
+            seconds: int) -> list[tuple[int, Detection]]:
+    """(seconds since the cause began, detection) of an 8-GPU node: GPU 0 healthy for
+    LEAD seconds, then ``cause`` for ``seconds``; peers healthy throughout."""
+    healthy, own = phases["healthy"], phases[cause]
+    assert len(healthy) >= 20 and len(own) >= 10
+    runner = ReplayRunner(DetectConfig())
+    found = []
+    for k in range(LEAD + seconds):
+        first = healthy[k % len(healthy)] if k < LEAD else own[(k - LEAD) % len(own)]
+        gpus = {"0": first["gpus"]["0"]}
+        gpus.update({str(i): healthy[(k + 11 * i) % len(healthy)]["gpus"]["0"]
+                     for i in range(1, 8)})
+        sample = {**first, "ts": 1_800_000_000.0 + k, "job": "real", "node": "n1",
+                  "gpus": gpus, "meta": {**first.get("meta", {}),
+                                         "gpu_uuids": {str(i): f"GPU-{i}" for i in range(8)}}}
+        found += [(k - LEAD, d) for d in runner.feed(sample)]  # type: ignore[arg-type]
+    return found
+
+
+def _firing(found: list[tuple[int, Detection]], kind: str) -> list[tuple[int, Detection]]:
+    return [(t, d) for t, d in found if d["kind"] == kind and d["state"] == "firing"]
+
+
+@pytest.fixture(scope="module")
+def run1(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    return _phases("real_gpu_h100", tmp_path_factory.mktemp("run1"))
+
+
+@pytest.fixture(scope="module")
+def run3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    return _phases("real_gpu_h100_stall", tmp_path_factory.mktemp("run3"))
+
+
+def test_a_healthy_real_gpu_among_its_peers_raises_nothing(
+        run1: dict[str, list[dict[str, Any]]]) -> None:
+    assert _replay(run1, "healthy", 900) == []
+
+
+def test_a_throttled_real_gpu_is_a_straggler_with_its_clock_signature(
+        run1: dict[str, list[dict[str, Any]]]) -> None:
+    found = _firing(_replay(run1, "throttled", 120), "straggler")
+    assert found and found[0][0] <= 30, found  # 20 % slower: found within 30 s
+    assert found[0][1]["gpu"] == "0" and found[0][1]["evidence"]["clock_signature"]
+
+
+def test_a_real_stall_with_no_bytes_moved_is_a_straggler(
+        run3: dict[str, list[dict[str, Any]]]) -> None:
+    found = _firing(_replay(run3, "stall", 120), "straggler")
+    assert found and found[0][0] <= 30, found
+    assert found[0][1]["gpu"] == "0" and not found[0][1]["evidence"]["clock_signature"]
+
+
+def test_real_extra_work_is_load_imbalance_never_a_straggler(
+        run1: dict[str, list[dict[str, Any]]]) -> None:
+    found = _replay(run1, "more-work", 300)
+    assert _firing(found, "straggler") == []
+    imbalance = _firing(found, "load_imbalance")
+    assert imbalance and imbalance[0][0] <= 90, found
+    assert imbalance[0][1]["evidence"]["share_above_peers"] == pytest.approx(0.20, abs=0.03)
+
+
+def test_real_memory_bound_work_is_not_a_straggler(
+        run3: dict[str, list[dict[str, Any]]]) -> None:
+    # more bytes moved (dram_active x1.35) with the work rate level: work of a
+    # memory-bound kind, which the detectors do not blame (nor report yet)
+    assert _firing(_replay(run3, "memory-work", 300), "straggler") == []
