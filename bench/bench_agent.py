@@ -1,9 +1,11 @@
 """Agent overhead on an 8-GPU node at a 1 s base interval: CPU seconds per second and
 peak RSS of the `vigil agent` process, NVML replaced by the fake answering at a
-realistic cost (30 µs of CPU per call; Hopper, so no blocking PCIe counter).
+declared cost (30 µs of CPU per call; Hopper, so no blocking PCIe counter), or with
+``--h100-costs`` at what each call cost on a real H100 (3.3 ms the energy counter,
+1.7 ms the GPM metrics, ...: `producers/nvml_fake.py`, REAL_H100_CALL_COSTS).
 
     .venv/bin/vigil up
-    .venv/bin/python bench/bench_agent.py [--seconds 60]
+    .venv/bin/python bench/bench_agent.py [--seconds 60] [--h100-costs]
 
 The agent publishes to the local Kafka like in production (adaptive sampling on).
 """
@@ -38,11 +40,14 @@ def _peak_rss_mb(pid: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--h100-costs", action="store_true",
+                        help="each NVML call at its cost measured on a real H100")
     args = parser.parse_args()
     tag = uuid.uuid4().hex[:6]
     env = dict(os.environ, VIGIL_KAFKA_TOPIC_PREFIX=f"agentbench{tag}.",
                VIGIL_AGENT_METRICS_PORT="0", VIGIL_AGENT_JOB="bench",
-               VIGIL_AGENT_FAKE_NVML_CALL_COST="0.00003")
+               VIGIL_AGENT_FAKE_NVML_CALL_COST="0.00003",
+               VIGIL_AGENT_FAKE_NVML_H100_COSTS="true" if args.h100_costs else "false")
     ensure_topics(load(env=env))
     agent = subprocess.Popen([sys.executable, "-m", "vigil.cli", "agent", "--sources",
                               "fake-nvml,host,infiniband"], env=env,
@@ -55,7 +60,8 @@ def main() -> int:
     agent.send_signal(signal.SIGTERM)
     agent.wait(timeout=60)
     share = (cpu1 - cpu0) / (t1 - t0)
-    print(f"agent, 8 fake GPUs @1 s, {t1 - t0:.0f} s steady state: "
+    costs = "a real H100's call costs" if args.h100_costs else "30 µs a call"
+    print(f"agent, 8 fake GPUs @1 s ({costs}), {t1 - t0:.0f} s steady state: "
           f"{share:.2%} of one core, peak RSS {rss:.0f} MB, exit {agent.returncode}")
     return 0
 

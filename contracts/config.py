@@ -285,6 +285,7 @@ class AgentConfig:
     proc_root: str = "/proc"
     cgroup_root: str = "/sys/fs/cgroup"
     fake_nvml_call_cost: float = 0.0  # seconds of CPU per call of the fake (benchmarks)
+    fake_nvml_h100_costs: bool = False  # the fake's calls at a real H100's measured costs
 
 
 @dataclass(frozen=True)

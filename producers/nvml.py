@@ -11,10 +11,15 @@ percent, PCIe throughput in KB/s, GPM NVLink/PCIe rates in MiB/s and NVLink fiel
 counters in KiB; the contract wants W, ratios and bytes/s. GPM's cycle metrics
 (248-250) are taken as cycles/s, as the catalog defines them.
 
-Power is the mean over the tick from the energy counter
-(``nvmlDeviceGetTotalEnergyConsumption``: the energy between two ticks over the
-time between them, exact where the power gauge is one instant); the gauge is used
-on the first tick, when the counter did not move, and where there is no counter.
+Power is the mean over the tick. On Ampere and later (GA100 aside) NVML's power
+gauge is itself the mean over the last second (NVML's reference for
+``nvmlDeviceGetPowerUsage``), so at ticks of 1 s or less the gauge is read alone.
+Elsewhere (an older GPU's gauge is one instant; a longer tick outlasts the gauge's
+second) it comes from the energy counter (``nvmlDeviceGetTotalEnergyConsumption``:
+the energy between two ticks over the time between them), with the gauge on the first
+tick, when the counter did not move, and where there is no counter. The counter is
+the dearest call on a real H100 (3.3 ms of CPU a tick, half of all NVML's;
+bench/RESULTS.md), so it is read only where it adds something.
 Remapped HBM rows, pending and failed remaps (``nvmlDeviceGetRemappedRows``) and
 PCIe replays (``nvmlDeviceGetPcieReplayCounter``) are read on every GPU that has
 them (absent where NVML says not supported). GPUs are keyed by their device
@@ -24,6 +29,7 @@ minor number (what Slurm's GPU indices and /dev/nvidiaN use), not NVML's index.
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from typing import Any
 
@@ -72,14 +78,17 @@ NVML_NAMES = (
     "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
     "nvmlEventTypeXidCriticalError", "NVML_ERROR_TIMEOUT",
     "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPcieReplayCounter",
-    "nvmlDeviceGetRemappedRows", *GPM_METRICS,
+    "nvmlDeviceGetRemappedRows", "nvmlDeviceGetArchitecture", "NVML_DEVICE_ARCH_AMPERE",
+    "NVML_DEVICE_ARCH_BLACKWELL", *GPM_METRICS,
 )
+# GA100 products (A100, A30, A800): Ampere, but their power gauge is one instant
+GA100 = re.compile(r"\bA(100|30|800)\b")
 
 
 class NvmlSource:
     """Reads every GPU's catalog metrics once per tick."""
 
-    def __init__(self, nvml: Any, pcie_throughput: bool = True) -> None:
+    def __init__(self, nvml: Any, pcie_throughput: bool = True, interval: float = 1.0) -> None:
         self.nvml = nvml
         self.errors: Counter[str] = Counter()
         self.pcie_throughput = pcie_throughput  # blocks ~20 ms per call on real GPUs
@@ -95,6 +104,9 @@ class NvmlSource:
                                            for h in self.devices.values()}),
                      "gpu_uuids": {k: str(self.call("nvmlDeviceGetUUID", h))
                                    for k, h in self.devices.items()}}
+        # the GPUs whose power comes from the energy counter (see the module's docstring)
+        self.energy_counter = {key for key, h in self.devices.items()
+                               if interval > 1.0 or not self._gauge_is_mean(h)}
         self.events = self.call("nvmlEventSetCreate")
         if self.events is not None:
             for handle in self.devices.values():
@@ -171,7 +183,7 @@ class NvmlSource:
                        remapped_rows_uncorrectable=float(uncorrectable),
                        row_remap_pending=1.0 if pending else 0.0,
                        row_remap_failure=1.0 if failure else 0.0)
-        power = self._energy_power(key, h, now)
+        power = self._energy_power(key, h, now) if key in self.energy_counter else None
         if power is not None:
             out["power"] = power
         out["xid"] = 0.0  # set in ``read`` from the event queue
@@ -188,6 +200,14 @@ class NvmlSource:
         if "nvlink_tx" in out and "nvlink_rx" in out:
             out["nvlink_total"] = out["nvlink_tx"] + out["nvlink_rx"]
         return out
+
+    def _gauge_is_mean(self, h: Any) -> bool:
+        """Whether NVML's power gauge is a 1 s mean on this GPU: Ampere to the newest
+        architecture these bindings name, GA100 aside (an unknown one: no)."""
+        n, arch = self.nvml, self.call("nvmlDeviceGetArchitecture", h)
+        return (arch is not None
+                and n.NVML_DEVICE_ARCH_AMPERE <= arch <= n.NVML_DEVICE_ARCH_BLACKWELL
+                and not GA100.search(str(self.call("nvmlDeviceGetName", h))))
 
     def _energy_power(self, key: str, h: Any, now: float) -> float | None:
         """Mean power (W) since the previous tick from the energy counter, or None."""

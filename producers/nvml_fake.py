@@ -45,16 +45,36 @@ class _Handle:
     minor: int
 
 
+# CPU seconds per call on a real H100 (driver 580.159.04, a Firecracker VM), the
+# medians of `bench/real_gpu_check.py calls` over two runs of `bench/real_gpu.sh`,
+# 2026-11-26 (bench/RESULTS.md, "A real H100"); calls not listed cost under 40 µs
+REAL_H100_CALL_COSTS: dict[str, float] = {
+    "nvmlDeviceGetTotalEnergyConsumption": 3.32e-3,
+    "nvmlGpmMetricsGet": 1.74e-3,
+    "nvmlDeviceGetPcieReplayCounter": 0.47e-3,
+    "nvmlGpmSampleGet": 0.17e-3,
+    "nvmlDeviceGetCurrPcieLinkWidth": 0.13e-3,
+    "nvmlDeviceGetUtilizationRates": 30e-6,
+    "nvmlDeviceGetMemoryInfo": 20e-6,
+    "nvmlEventSetWait_v2": 20e-6,
+    "nvmlGpmSampleAlloc": 14e-6,
+    "nvmlDeviceGetTotalEccErrors": 10e-6,
+}
+
+
 class FakeNvml:
     """Module-like object: ``FakeNvml(gpus=8).nvmlDeviceGetPowerUsage(handle)`` etc."""
 
     def __init__(self, gpus: int = 8, hopper: bool = True, profile: Profile = busy_training,
-                 call_cost: float = 0.0, pcie_block: float = 0.0,
+                 call_cost: float = 0.0, pcie_block: float = 0.0, h100_costs: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.gpus = gpus
         self.hopper = hopper
         self.profile = profile
         self.call_cost = call_cost
+        # each call at what it cost on a real H100 (REAL_H100_CALL_COSTS), the rest at
+        # call_cost
+        self.call_costs = REAL_H100_CALL_COSTS if h100_costs else {}
         self.pcie_block = pcie_block
         self.clock = clock
         self.calls = 0
@@ -81,8 +101,9 @@ class FakeNvml:
 
     def _enter(self, name: str, handle: _Handle | None = None) -> None:
         self.calls += 1
-        if self.call_cost:
-            end = time.perf_counter() + self.call_cost
+        cost = self.call_costs.get(name, self.call_cost)
+        if cost:
+            end = time.perf_counter() + cost
             while time.perf_counter() < end:  # an ioctl costs CPU, not just time
                 pass
         if name in self.unsupported:
@@ -123,6 +144,12 @@ class FakeNvml:
     def nvmlDeviceGetName(self, h: _Handle) -> str:
         self._enter("nvmlDeviceGetName", h)
         return "NVIDIA H100 80GB HBM3" if self.hopper else "NVIDIA A100-SXM4-80GB"
+
+    def nvmlDeviceGetArchitecture(self, h: _Handle) -> int:
+        self._enter("nvmlDeviceGetArchitecture", h)
+        # the pre-Hopper fake is an A100 (GA100): Ampere with an instant power gauge
+        return int(pynvml.NVML_DEVICE_ARCH_HOPPER if self.hopper
+                   else pynvml.NVML_DEVICE_ARCH_AMPERE)
 
     def nvmlDeviceGetUUID(self, h: _Handle) -> str:
         self._enter("nvmlDeviceGetUUID", h)

@@ -52,11 +52,13 @@ def build_sources(cfg: Config, names: list[str], trace: str | None) -> dict[str,
             import pynvml
 
             from producers.nvml import NvmlSource
-            found[name] = NvmlSource(pynvml)
+            found[name] = NvmlSource(pynvml, interval=a.base_interval)
         elif name == "fake-nvml":  # demos and benchmarks on machines without a GPU
             from producers.nvml import NvmlSource
             from producers.nvml_fake import FakeNvml
-            found[name] = NvmlSource(FakeNvml(call_cost=a.fake_nvml_call_cost))
+            found[name] = NvmlSource(FakeNvml(call_cost=a.fake_nvml_call_cost,
+                                              h100_costs=a.fake_nvml_h100_costs),
+                                     interval=a.base_interval)
         elif name == "infiniband":
             from producers.infiniband import InfinibandSource
             found[name] = InfinibandSource(a.infiniband_root)

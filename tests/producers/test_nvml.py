@@ -100,7 +100,7 @@ def test_power_is_the_energy_counters_mean_over_the_tick_and_remaps_are_read() -
                 "remapped_rows_uncorrectable": 2.0, "pcie_replay": 7.0}
 
     fake = FakeNvml(gpus=1, profile=profile, clock=lambda: clock["t"])
-    source = NvmlSource(fake)
+    source = NvmlSource(fake, interval=2.0)  # a tick longer than the gauge's second
     first = source.read(10.0).gpus["0"]
     assert first["power"] == pytest.approx(400.0)  # first tick: the gauge
     clock["t"], watts["t"] = 12.0, 600.0  # the fake integrates 600 W over the 2 s
@@ -114,3 +114,18 @@ def test_power_is_the_energy_counters_mean_over_the_tick_and_remaps_are_read() -
     clock["t"] = 13.0
     third = source.read(13.0).gpus["0"]
     assert "row_remap_pending" not in third and third["power"] == pytest.approx(600.0)
+
+
+@pytest.mark.parametrize(("hopper", "interval", "counter_read"), [
+    (True, 1.0, False),  # Hopper's gauge is a 1 s mean: the dear counter adds nothing
+    (True, 5.0, True),  # a tick longer than the gauge's second: the counter's mean
+    (False, 1.0, True),  # an A100 (GA100): its gauge is one instant
+])
+def test_the_energy_counter_is_read_only_where_the_gauge_is_not_the_ticks_mean(
+        hopper: bool, interval: float, counter_read: bool) -> None:
+    fake = FakeNvml(gpus=2, hopper=hopper)
+    fake.unsupported = {"nvmlDeviceGetTotalEnergyConsumption"}  # counts each call
+    source = NvmlSource(fake, interval=interval)
+    for tick in (1.0, 2.0):
+        assert all("power" in gpu for gpu in source.read(tick).gpus.values())
+    assert source.errors["NVMLError_NotSupported"] == (4 if counter_read else 0)
