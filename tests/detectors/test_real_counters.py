@@ -10,9 +10,7 @@ the same silicon. Each cause's samples are cycled to last as long as a test need
 from __future__ import annotations
 
 import gzip
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -20,26 +18,19 @@ import pytest
 from contracts.config import DetectConfig
 from contracts.messages import Detection
 from detectors.engine import ReplayRunner
+from tests.real_gpu import real_gpu_check
 
 FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "fixtures"
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_gpu_check.py"
 HEALTHY = ("baseline", "settle", "memory-clock", "resumed")  # memory-clock: not applied
 LEAD = 240  # seconds of the healthy job before the cause
 
-
-def _checker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("real_gpu_check", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _phases(name: str, tmp: Path) -> dict[str, list[dict[str, Any]]]:
     fixture = FIXTURES / name
     trace = tmp / f"{name}.jsonl"
     trace.write_bytes(gzip.decompress((fixture / "trace.jsonl.gz").read_bytes()))
-    phases = _checker().phase_samples(fixture / "events.log", trace)
+    phases = real_gpu_check().phase_samples(fixture / "events.log", trace)
     # the healthy pool: the phases where the paced loop ran unchanged (the first
     # seconds of the run, before the loop's calibration, are no phase)
     phases["healthy"] = [s for p in HEALTHY for s in phases.get(p, [])]

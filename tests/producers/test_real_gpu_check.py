@@ -3,11 +3,9 @@ tried here on the fake NVML with nvidia-smi output written in its real formats."
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from datetime import datetime
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -16,17 +14,10 @@ from producers.agent import Agent
 from producers.attribution import StaticJob
 from producers.nvml import NvmlSource
 from producers.nvml_fake import FakeNvml
+from tests.real_gpu import real_gpu_check
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_gpu_check.py"
 T0 = 1_790_000_000.0
 
-
-def _checker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("real_gpu_check", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write_run(tmp: Path, power_scale: float) -> tuple[Path, Path, Path]:
@@ -82,7 +73,7 @@ def _rows(report: str, table: str = "query-gpu") -> dict[str, str]:
 
 
 def test_matching_units_read_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _checker().compare(*_write_run(tmp_path, power_scale=1.0))
+    real_gpu_check().compare(*_write_run(tmp_path, power_scale=1.0))
     rows = _rows(capsys.readouterr().out)
     for metric in ("power", "sm_clock", "mem_clock", "gpu_util", "mem_used", "pcie_gen",
                    "throttle"):
@@ -90,7 +81,7 @@ def test_matching_units_read_ok(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_a_scale_error_is_flagged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _checker().compare(*_write_run(tmp_path, power_scale=1000.0))  # as if NVML's mW leaked
+    real_gpu_check().compare(*_write_run(tmp_path, power_scale=1000.0))  # as if NVML's mW leaked
     report = capsys.readouterr().out
     rows = _rows(report)
     assert "CHECK" in rows["power"] and "ok" in rows["sm_clock"]
@@ -100,7 +91,7 @@ def test_a_scale_error_is_flagged(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_nvml_call_timing_runs_on_any_nvml(monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     import sys
-    checker = _checker()
+    checker = real_gpu_check()
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus=2, call_cost=0.0))
     monkeypatch.setattr(time, "sleep", lambda s: None)
     checker.calls(ticks=5, interval=0.0)

@@ -5,27 +5,18 @@ and the detectors' replay of it."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from contracts.codec import decode_trace
 from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
+from tests.real_gpu import real_gpu_check
 
 FIXTURE = Path(__file__).parent / "fixtures" / "real_gpu_h100"
 STALL = Path(__file__).parent / "fixtures" / "real_gpu_h100_stall"
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_gpu_check.py"
 
-
-def _checker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("real_gpu_check", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def unpacked(fixture: Path, tmp: Path) -> Path:
@@ -40,7 +31,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_work_rate_tells_throttle_stall_and_more_work_apart_on_a_real_gpu(trace: Path) -> None:
-    checker = _checker()
+    checker = real_gpu_check()
     table = checker.phase_table(FIXTURE / "events.log", trace, FIXTURE / "train.log")
     found = checker.verdicts(table)
     # issue #28's table: a throttle raises busy time and tensor_active, not the work
@@ -59,7 +50,7 @@ def test_work_rate_tells_throttle_stall_and_more_work_apart_on_a_real_gpu(trace:
 
 
 def test_a_stall_moves_no_bytes_and_memory_work_does(tmp_path: Path) -> None:
-    checker = _checker()
+    checker = real_gpu_check()
     table = checker.phase_table(STALL / "events.log", unpacked(STALL, tmp_path),
                                 STALL / "train.log")
     found = checker.verdicts(table)
@@ -70,7 +61,7 @@ def test_a_stall_moves_no_bytes_and_memory_work_does(tmp_path: Path) -> None:
 
 
 def test_real_readings_match_nvidia_smi(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _checker().compare(trace, FIXTURE / "smi.csv", FIXTURE / "dmon.txt")
+    real_gpu_check().compare(trace, FIXTURE / "smi.csv", FIXTURE / "dmon.txt")
     report = capsys.readouterr().out
     query_gpu = report.split("### against nvidia-smi --query-gpu")[1].split("###")[0]
     rows = {line.split("|")[1].strip(): line for line in query_gpu.splitlines()
