@@ -3,11 +3,13 @@
 
     .venv/bin/python bench/bench_workload_cost.py [--seeds 61,62,63]
 
-Cases: a MoE job whose hot experts never move (+20 % to +50 % work on one GPU),
-and a data-parallel job with a data-loader-bound node (its GPUs wait 15 % to 35 % of
-a step for input), at 4, 8 and 16 nodes. For each: the first ``load_imbalance`` or
-``slowdown`` finding's ``job_slowdown`` beside the truth (the simulator's step over
-its step with the work spread evenly, or over its healthy step), the relative error,
+Cases: a MoE job whose hot experts never move (+20 % to +50 % work on one GPU), a
+job with one GPU a node doing more memory-bound work (+15 % to +35 %: an uneven
+embedding shard), and a data-parallel job with a data-loader-bound node (its GPUs
+wait 15 % to 35 % of a step for input), at 4, 8 and 16 nodes. For each: the first
+``load_imbalance`` or ``slowdown`` finding's ``job_slowdown`` beside the truth (the
+simulator's step over its step with the work spread evenly, or over its healthy
+step), the relative error,
 and for a slowdown whether the data-loader node is named first and how fast.
 """
 
@@ -59,6 +61,14 @@ def main() -> int:
             truth = _truth(sim.load_truth["moe"], START + 60)
             est = det["evidence"]["job_slowdown"] if det else None
             rows.append((f"load_imbalance +{amp:.0%} {nodes}n s{seed}", est, truth,
+                         f"at t+{det['detected_at'] - START:.0f}s" if det else "not found"))
+            extra = (0.15, 0.25, 0.35)[(seed + nodes) % 3]
+            job = JobSpec("emb", [f"e{i}" for i in range(nodes)], memory_work_gpus=1,
+                          memory_work_extra=extra)
+            det, sim = _first(Cluster([job]), seed, "load_imbalance", 400)
+            truth = _truth(sim.load_truth["emb"], START + 60)
+            est = det["evidence"]["job_slowdown"] if det else None
+            rows.append((f"load_imbalance memory +{extra:.0%} {nodes}n s{seed}", est, truth,
                          f"at t+{det['detected_at'] - START:.0f}s" if det else "not found"))
             sev = (1.15, 1.25, 1.35)[(seed + nodes) % 3]
             job = JobSpec("dl", [f"d{i}" for i in range(nodes)])

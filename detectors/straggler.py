@@ -78,7 +78,11 @@ its busy time per byte moved (``dram_active × mem_clock``) is not above theirs.
 stall or a lower SM clock moves the same bytes and does the same tensor work in
 more time, so both excesses rise together. In a bin where memory work explains the
 busy time that way, slowness counts against a fault, never for one; what the
-stream learns, and the noise, are left as they are. (Taking the smaller of the two
+stream learns, and the noise, are left as they are. There the load statistic reads
+the bytes moved instead of the tensor work, so such a GPU is reported as
+``load_imbalance`` with its share in bytes (``share_basis: dram_active``); on a real
+H100, 20 % of each step in memory-bound copies read busy ×1.23, tensor work ×1.00,
+bytes ×1.35, and is found so (tests/detectors/test_real_counters.py). (Taking the smaller of the two
 excesses as the statistic instead, 05717f6, made the noise estimated across
 streams smaller and raised a false straggler on a persistent hot expert in the
 fleet soak.) Left: a stall on such a GPU smaller than its memory excess is not
@@ -187,6 +191,7 @@ class _Readings:
     stats: Array  # STATS × streams
     valid: NDArray[np.bool_]  # STATS × streams
     gate: NDArray[np.bool_]  # STATS × streams: may count for a fault this bin
+    memory_ratio: Array  # bytes moved a second over the peers' (NaN: no DRAM reading)
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
@@ -339,8 +344,8 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     with np.errstate(invalid="ignore", divide="ignore"):
         per_work = np.log(busy / work)
         per_memory_work = np.log(busy / memory)
-    node_busy, node_work, node_clock, node_per_work, node_per_memory_work = (
-        nanmedian(a, axis=1) for a in (busy, work, clock, per_work, per_memory_work))
+    node_busy, node_work, node_clock, node_per_work, node_per_memory_work, node_memory = (
+        nanmedian(a, axis=1) for a in (busy, work, clock, per_work, per_memory_work, memory))
     peers = (~np.isnan(busy)).sum(axis=1)
     node_idx, slot_idx = view.positions()
     at = (node_idx, slot_idx)
@@ -350,9 +355,11 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     gpu = _readings(view.gpu_keys, busy[at], node_busy[node_idx], work[at],
                     node_work[node_idx], clock[at], node_clock[node_idx], own_per_work,
                     basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor,
-                    _memory_explains(own_per_work, own_per_memory_work))
+                    _memory_explains(own_per_work, own_per_memory_work),
+                    _ratio(memory[at], node_memory[node_idx]))
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
-           for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work)]
+           for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
+                     node_memory)]
     n = len(view.nodes)
     node_slowness = _minus(node_per_work, job[3])
     node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
@@ -360,8 +367,14 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                      node_slowness, basis,
                      np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS),
                      phase_floor,
-                     _memory_explains(node_slowness, _minus(node_per_memory_work, job[4])))
+                     _memory_explains(node_slowness, _minus(node_per_memory_work, job[4])),
+                     _ratio(node_memory, job[5]))
     return gpu, node
+
+
+def _ratio(values: Array, reference: Array | float) -> Array:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(values / reference, dtype=float)
 
 
 def _memory_explains(slowness: Array, memory_slowness: Array) -> NDArray[np.bool_]:
@@ -385,14 +398,17 @@ def _minus(values: Array, reference: float) -> Array:
 def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_work: Array,
               clock: Array, peer_clock: Array, per_work: Array, basis: str | None,
               enough: NDArray[np.bool_], phase_floor: float,
-              memory_explained: NDArray[np.bool_]) -> _Readings:
+              memory_explained: NDArray[np.bool_], memory_ratio: Array) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
-    slowness may not count for a fault)."""
+    slowness may not count for a fault, and the bytes moved are the load's work;
+    ``memory_ratio``: bytes moved a second over the peers')."""
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.log(busy / peer_busy)
-        y = np.log(work / peer_work)
+        # more memory-bound work is more work: where it explains the busy time, the
+        # work that rose with it is the bytes moved, not the tensor work
+        y = np.where(memory_explained, np.log(memory_ratio), np.log(work / peer_work))
         lower_clock = np.log(peer_clock / clock)
         # busier beyond what a window's phase makes: a GPU as busy as its peers
         # (+0.2 %) that does less work is a cold expert, not holding anyone back
@@ -411,7 +427,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     # time's own noise)
     gate = np.stack([busier & ~memory_explained, np.ones(x.shape, dtype=bool), busier])
     return _Readings(keys, busy, peer_busy, work, peer_work, clock, peer_clock,
-                     np.where(valid, stats, np.nan), valid, gate)
+                     np.where(valid, stats, np.nan), valid, gate, memory_ratio)
 
 
 def _peer_level(r: _Readings, cap: float, recenter: bool) -> PeerLevel:
@@ -461,11 +477,16 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
         return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY), _score(dev),
                        summary, since, evidence, fire_after=1)
     share = work_ratio - 1.0
-    evidence["share_above_peers"] = round(share, 4)
+    memory_share = float(r.memory_ratio[i]) - 1.0
+    memory_work = memory_share > share + LOAD_FLOOR  # NaN (no DRAM reading): False
+    evidence["share_above_peers"] = round(memory_share if memory_work else share, 4)
+    evidence["share_basis"] = "dram_active" if memory_work else basis or "none"
     evidence.update(cost_fields(job_gpus, excess_slowdown(busy, peer_busy), "blamed"))
-    summary = (f"{who} carries {share:.0%} more work than {peers} (busy "
-               f"{fmt(busy, 'ratio')} vs {fmt(peer_busy, 'ratio')}, {work_text}): "
-               f"workload, not a fault.")
+    what = (f"{memory_share:.0%} more memory-bound work (bytes moved, dram_active × "
+            f"mem_clock, {memory_share + 1:.2f}× peers')" if memory_work
+            else f"{share:.0%} more work")
+    summary = (f"{who} carries {what} than {peers} (busy {fmt(busy, 'ratio')} vs "
+               f"{fmt(peer_busy, 'ratio')}, {work_text}): workload, not a fault.")
     return Finding("load_imbalance", node, gpu, "info", (BUSY, basis or BUSY), _score(dev),
                    summary, since, evidence)
 

@@ -99,8 +99,14 @@ def test_real_extra_work_is_load_imbalance_never_a_straggler(
     assert imbalance[0][1]["evidence"]["share_above_peers"] == pytest.approx(0.20, abs=0.03)
 
 
-def test_real_memory_bound_work_is_not_a_straggler(
+def test_real_memory_bound_work_is_load_imbalance_in_bytes_never_a_straggler(
         run3: dict[str, list[dict[str, Any]]]) -> None:
-    # more bytes moved (dram_active x1.35) with the work rate level: work of a
-    # memory-bound kind, which the detectors do not blame (nor report yet)
-    assert _firing(_replay(run3, "memory-work", 300), "straggler") == []
+    # more bytes moved (dram_active x1.35) with the tensor work level: work of a
+    # memory-bound kind
+    found = _replay(run3, "memory-work", 300)
+    assert _firing(found, "straggler") == []
+    imbalance = _firing(found, "load_imbalance")
+    assert imbalance and imbalance[0][0] <= 90, found
+    evidence = imbalance[0][1]["evidence"]
+    assert evidence["share_basis"] == "dram_active"
+    assert evidence["share_above_peers"] == pytest.approx(0.35, abs=0.05)

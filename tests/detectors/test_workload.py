@@ -80,3 +80,18 @@ def test_more_memory_bound_work_is_not_a_straggler_and_a_stall_is(stalled: str,
     fired = [d for d in _firing(Cluster([job], [fault]), 300, 7) if d["kind"] == "straggler"]
     assert [(d["node"], d["gpu"]) for d in fired] == [("n2", stalled)], fired
     assert fired[0]["detected_at"] - fault.start <= within
+
+
+def test_more_memory_bound_work_is_reported_as_load_in_bytes_moved() -> None:
+    """The memory-bound GPU of each node (25 % more work, all memory-bound: its tensor
+    work level, its bytes moved up) is workload: ``load_imbalance`` with its share in
+    bytes moved, never a straggler (the real H100's copies read the same way:
+    tests/detectors/test_real_counters.py)."""
+    job = JobSpec("emb", [f"n{i}" for i in range(4)], memory_work_gpus=1,
+                  memory_work_extra=0.25)
+    fired = _firing(Cluster([job]), 600, 7)
+    assert not [d for d in fired if d["kind"] == "straggler"], fired
+    load = [d for d in fired if d["kind"] == "load_imbalance"]
+    assert load and all(d["evidence"]["share_basis"] == "dram_active" for d in load), load
+    assert all(d["evidence"]["share_above_peers"] > 0.1 for d in load)
+    assert "memory-bound work" in load[0]["summary"]
