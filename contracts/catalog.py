@@ -94,6 +94,8 @@ CATALOG: tuple[Metric, ...] = (
            "a row remap failed (1): the GPU must be replaced", 1, True),
     Metric("xid", "code", _G, Kind.STATE, "XID error seen in the interval, 0 for none", 1e6, True),
     Metric("throttle", "bitmask", _G, Kind.STATE, "NVML clocks-event reasons", 2.0**64, True),
+    Metric("compute_processes", "count", _G, Kind.STATE,
+           "compute processes on the GPU, every context (NVML)", 4096, True),
     Metric("cpu_util", "ratio", _H, Kind.RATIO, "host CPU utilisation", 1.0),
     Metric("mem_used", "bytes", _H, Kind.GAUGE, "host memory in use", _PB),
     Metric("ib_tx", "bytes/s", _N, Kind.RATE, "InfiniBand/RoCE bytes sent", _TB),

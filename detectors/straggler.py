@@ -90,6 +90,15 @@ seen while the excess lasts; and a fault that keeps the memory interface busy fo
 more cycles per byte at the same memory clock (retries, say) would read as memory
 work (a lowered memory clock does not: the bytes per second stay level).
 
+**A GPU shared with another process is a straggler, not more work.** Device
+counters sum every context: a leftover process of an earlier job, or a time-sliced
+tenant, makes the GPU busier *and* its work rate higher, which reads as more work
+(on a real H100 a second process's matrix products read work ×3.9 while the job's
+step took 1.8× as long). Where the agent counts compute processes
+(``compute_processes``) and the GPU has more than its peers' median, a finding the
+load statistic passes is a straggler, ``shared_gpu: true``, ``remediable: false``
+(the fix is the other process, not the hardware).
+
 **Without a work signal** (an exporter without the profiling fields), ``s`` is the
 busy excess alone: such a finding says ``work_basis: none``, and unless its clock is
 down or a clock-event flag is up it cannot be told from more work: it carries
@@ -127,10 +136,12 @@ BUSY = "sm_active"
 # little tensor work.
 WORK_SOURCES: tuple[tuple[str, str | None], ...] = (
     ("mma_cycles_active", None), ("tensor_active", "sm_clock"), ("dram_active", "mem_clock"))
-GPU_READS = (BUSY, "mma_cycles_active", "tensor_active", "sm_clock", "dram_active", "mem_clock")
+GPU_READS = (BUSY, "mma_cycles_active", "tensor_active", "sm_clock", "dram_active", "mem_clock",
+             "compute_processes")
 NIC_READS: tuple[str, ...] = ()
 _B, _CLOCK = GPU_READS.index(BUSY), GPU_READS.index("sm_clock")
 _TENSOR = GPU_READS.index("tensor_active")
+_PROCESSES = GPU_READS.index("compute_processes")
 MIN_WORK_SHARE = 0.02  # a share-type work counter whose peers read below this says nothing
 BASIS_WAIT_BINS = 8  # bins (40 s: a 30 s step and more) tensor work has to show up in
 MIN_BUSY = 0.05  # peers busier than this are compared (below: idle or a pause)
@@ -192,6 +203,7 @@ class _Readings:
     valid: NDArray[np.bool_]  # STATS × streams
     gate: NDArray[np.bool_]  # STATS × streams: may count for a fault this bin
     memory_ratio: Array  # bytes moved a second over the peers' (NaN: no DRAM reading)
+    extra_processes: Array  # compute processes beyond the peers' median (NaN: unknown)
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
@@ -352,11 +364,13 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     with np.errstate(invalid="ignore"):  # inf - inf where a GPU read no work: NaN
         own_per_work = per_work[at] - node_per_work[node_idx]
         own_per_memory_work = per_memory_work[at] - node_per_memory_work[node_idx]
+    processes = latest[_PROCESSES]
+    extra_processes = processes[at] - nanmedian(processes, axis=1)[node_idx]
     gpu = _readings(view.gpu_keys, busy[at], node_busy[node_idx], work[at],
                     node_work[node_idx], clock[at], node_clock[node_idx], own_per_work,
                     basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor,
                     _memory_explains(own_per_work, own_per_memory_work),
-                    _ratio(memory[at], node_memory[node_idx]))
+                    _ratio(memory[at], node_memory[node_idx]), extra_processes)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
                      node_memory)]
@@ -368,7 +382,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                      np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS),
                      phase_floor,
                      _memory_explains(node_slowness, _minus(node_per_memory_work, job[4])),
-                     _ratio(node_memory, job[5]))
+                     _ratio(node_memory, job[5]), np.full(n, np.nan))
     return gpu, node
 
 
@@ -398,7 +412,8 @@ def _minus(values: Array, reference: float) -> Array:
 def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_work: Array,
               clock: Array, peer_clock: Array, per_work: Array, basis: str | None,
               enough: NDArray[np.bool_], phase_floor: float,
-              memory_explained: NDArray[np.bool_], memory_ratio: Array) -> _Readings:
+              memory_explained: NDArray[np.bool_], memory_ratio: Array,
+              extra_processes: Array) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
@@ -427,7 +442,8 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     # time's own noise)
     gate = np.stack([busier & ~memory_explained, np.ones(x.shape, dtype=bool), busier])
     return _Readings(keys, busy, peer_busy, work, peer_work, clock, peer_clock,
-                     np.where(valid, stats, np.nan), valid, gate, memory_ratio)
+                     np.where(valid, stats, np.nan), valid, gate, memory_ratio,
+                     extra_processes)
 
 
 def _peer_level(r: _Readings, cap: float, recenter: bool) -> PeerLevel:
@@ -476,6 +492,16 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                    f"{fmt(peer_busy, 'ratio')} with {work_text}{clock_text}.")
         return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY), _score(dev),
                        summary, since, evidence, fire_after=1)
+    extra = float(r.extra_processes[i])
+    if extra >= 1:  # NaN (no process count): False
+        evidence.update(clock_signature=False, remediable=False, shared_gpu=True,
+                        compute_processes_above_peers=int(extra))
+        summary = (f"{who} is shared with another process ({int(extra)} more compute "
+                   f"process{'es' if extra >= 2 else ''} than {peers}): the rank there "
+                   f"waits for GPU time, and its counters carry the other's work (busy "
+                   f"{fmt(busy, 'ratio')} vs {fmt(peer_busy, 'ratio')}, {work_text}).")
+        return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY),
+                       _score(dev), summary, since, evidence, fire_after=1)
     share = work_ratio - 1.0
     memory_share = float(r.memory_ratio[i]) - 1.0
     memory_work = memory_share > share + LOAD_FLOOR  # NaN (no DRAM reading): False

@@ -20,9 +20,11 @@ the energy between two ticks over the time between them), with the gauge on the 
 tick, when the counter did not move, and where there is no counter. The counter is
 the dearest call on a real H100 (3.3 ms of CPU a tick, half of all NVML's;
 bench/RESULTS.md), so it is read only where it adds something.
-Remapped HBM rows, pending and failed remaps (``nvmlDeviceGetRemappedRows``) and
-PCIe replays (``nvmlDeviceGetPcieReplayCounter``) are read on every GPU that has
-them (absent where NVML says not supported). GPUs are keyed by their device
+Remapped HBM rows, pending and failed remaps (``nvmlDeviceGetRemappedRows``), PCIe
+replays (``nvmlDeviceGetPcieReplayCounter``) and the number of compute processes
+(``nvmlDeviceGetComputeRunningProcesses``: a second one, a leftover of an earlier job
+or a time-sliced tenant, puts its work in every activity counter) are read on every
+GPU that has them (absent where NVML says not supported). GPUs are keyed by their device
 minor number (what Slurm's GPU indices and /dev/nvidiaN use), not NVML's index.
 """
 
@@ -78,7 +80,8 @@ NVML_NAMES = (
     "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
     "nvmlEventTypeXidCriticalError", "NVML_ERROR_TIMEOUT",
     "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPcieReplayCounter",
-    "nvmlDeviceGetRemappedRows", "nvmlDeviceGetArchitecture", "NVML_DEVICE_ARCH_AMPERE",
+    "nvmlDeviceGetRemappedRows", "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetArchitecture", "NVML_DEVICE_ARCH_AMPERE",
     "NVML_DEVICE_ARCH_BLACKWELL", *GPM_METRICS,
 )
 # GA100 products (A100, A30, A800): Ampere, but their power gauge is one instant
@@ -176,6 +179,9 @@ class NvmlSource:
         replays = self.call("nvmlDeviceGetPcieReplayCounter", h)
         if replays is not None:
             out["pcie_replay"] = float(replays)
+        processes = self.call("nvmlDeviceGetComputeRunningProcesses", h)
+        if processes is not None:  # every context's: device counters sum them all
+            out["compute_processes"] = float(len(processes))
         rows = self.call("nvmlDeviceGetRemappedRows", h)
         if rows is not None:
             correctable, uncorrectable, pending, failure = rows

@@ -80,6 +80,7 @@ class FakeNvml:
         self.calls = 0
         self.unsupported: set[str] = set()
         self.gpm_max_metric = 1 << 16  # an older driver knows fewer GPM metrics
+        self.processes: dict[int, int] = {}  # GPU index → compute processes (default 1)
         self.lost: set[int] = set()
         self._events: deque[tuple[int, int]] = deque()
         self._nvlink_kib: dict[int, list[float]] = {}
@@ -144,6 +145,17 @@ class FakeNvml:
     def nvmlDeviceGetName(self, h: _Handle) -> str:
         self._enter("nvmlDeviceGetName", h)
         return "NVIDIA H100 80GB HBM3" if self.hopper else "NVIDIA A100-SXM4-80GB"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: _Handle) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses", h)
+        info = pynvml.c_nvmlProcessInfo_v3_t if hasattr(pynvml, "c_nvmlProcessInfo_v3_t") \
+            else pynvml.c_nvmlProcessInfo_t
+        found = []
+        for i in range(self.processes.get(h.index, 1)):
+            process = info()
+            process.pid, process.usedGpuMemory = 4000 + 100 * h.index + i, 1 << 30
+            found.append(process)
+        return found
 
     def nvmlDeviceGetArchitecture(self, h: _Handle) -> int:
         self._enter("nvmlDeviceGetArchitecture", h)

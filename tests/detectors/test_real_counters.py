@@ -37,19 +37,24 @@ def _phases(name: str, tmp: Path) -> dict[str, list[dict[str, Any]]]:
     return phases
 
 
-def _replay(phases: dict[str, list[dict[str, Any]]], cause: str,
-            seconds: int) -> list[tuple[int, Detection]]:
+def _replay(phases: dict[str, list[dict[str, Any]]], cause: str, seconds: int,
+            processes: float | None = None) -> list[tuple[int, Detection]]:
     """(seconds since the cause began, detection) of an 8-GPU node: GPU 0 healthy for
-    LEAD seconds, then ``cause`` for ``seconds``; peers healthy throughout."""
+    LEAD seconds, then ``cause`` for ``seconds``; peers healthy throughout.
+    ``processes``: GPU 0's ``compute_processes`` during the cause (every GPU reads 1
+    otherwise); None: no GPU reads it, as the fixtures were recorded."""
     healthy, own = phases["healthy"], phases[cause]
     assert len(healthy) >= 20 and len(own) >= 10
     runner = ReplayRunner(DetectConfig())
     found = []
     for k in range(LEAD + seconds):
         first = healthy[k % len(healthy)] if k < LEAD else own[(k - LEAD) % len(own)]
-        gpus = {"0": first["gpus"]["0"]}
-        gpus.update({str(i): healthy[(k + 11 * i) % len(healthy)]["gpus"]["0"]
+        gpus = {"0": dict(first["gpus"]["0"])}
+        gpus.update({str(i): dict(healthy[(k + 11 * i) % len(healthy)]["gpus"]["0"])
                      for i in range(1, 8)})
+        if processes is not None:
+            for i, gpu in gpus.items():
+                gpu["compute_processes"] = processes if i == "0" and k >= LEAD else 1.0
         sample = {**first, "ts": 1_800_000_000.0 + k, "job": "real", "node": "n1",
                   "gpus": gpus, "meta": {**first.get("meta", {}),
                                          "gpu_uuids": {str(i): f"GPU-{i}" for i in range(8)}}}
@@ -90,23 +95,40 @@ def test_a_real_stall_with_no_bytes_moved_is_a_straggler(
     assert found[0][1]["gpu"] == "0" and not found[0][1]["evidence"]["clock_signature"]
 
 
-def test_real_extra_work_is_load_imbalance_never_a_straggler(
-        run1: dict[str, list[dict[str, Any]]]) -> None:
-    found = _replay(run1, "more-work", 300)
+def _load_only(found: list[tuple[int, Detection]]) -> dict[str, Any]:
+    """The first load_imbalance's evidence, found within 90 s, with no straggler."""
     assert _firing(found, "straggler") == []
     imbalance = _firing(found, "load_imbalance")
     assert imbalance and imbalance[0][0] <= 90, found
-    assert imbalance[0][1]["evidence"]["share_above_peers"] == pytest.approx(0.20, abs=0.03)
+    return imbalance[0][1]["evidence"]
+
+
+def test_real_extra_work_is_load_imbalance_never_a_straggler(
+        run1: dict[str, list[dict[str, Any]]]) -> None:
+    evidence = _load_only(_replay(run1, "more-work", 300))
+    assert evidence["share_above_peers"] == pytest.approx(0.20, abs=0.03)
 
 
 def test_real_memory_bound_work_is_load_imbalance_in_bytes_never_a_straggler(
         run3: dict[str, list[dict[str, Any]]]) -> None:
     # more bytes moved (dram_active x1.35) with the tensor work level: work of a
     # memory-bound kind
-    found = _replay(run3, "memory-work", 300)
-    assert _firing(found, "straggler") == []
-    imbalance = _firing(found, "load_imbalance")
-    assert imbalance and imbalance[0][0] <= 90, found
-    evidence = imbalance[0][1]["evidence"]
+    evidence = _load_only(_replay(run3, "memory-work", 300))
     assert evidence["share_basis"] == "dram_active"
     assert evidence["share_above_peers"] == pytest.approx(0.35, abs=0.05)
+
+
+def test_a_second_process_on_a_real_gpu_is_a_straggler_where_processes_are_counted(
+        run1: dict[str, list[dict[str, Any]]]) -> None:
+    # the recorded competitor: another process's matrix products on GPU 0 (the job's
+    # step took 1.8x as long). The fixture predates compute_processes, so the count
+    # the agent now reads is set here: 2 on GPU 0 while the competitor ran
+    found = _replay(run1, "competitor", 120, processes=2.0)
+    stragglers = _firing(found, "straggler")
+    assert stragglers and stragglers[0][0] <= 30, found
+    evidence = stragglers[0][1]["evidence"]
+    assert evidence["shared_gpu"] and not evidence["remediable"]
+    assert _firing(found, "load_imbalance") == []
+    # without a process count (an exporter that does not give it) it reads as more work
+    blind = _replay(run1, "competitor", 120)
+    assert _firing(blind, "straggler") == [] and _firing(blind, "load_imbalance")

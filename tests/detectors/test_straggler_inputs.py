@@ -48,7 +48,7 @@ def test_a_gpu_as_busy_as_its_peers_doing_less_work_gives_no_evidence() -> None:
     clock = np.full(2, 1980.0)
     r = _readings(["cold", "slow"], busy, peers, work, np.ones(2), clock, clock,
                   np.log(busy / peers / work), "tensor_active", np.ones(2, dtype=bool), 0.05,
-                  np.zeros(2, dtype=bool), np.ones(2))
+                  np.zeros(2, dtype=bool), np.ones(2), np.full(2, np.nan))
     slowness_gate = r.gate[0]
     assert not slowness_gate[0] and slowness_gate[1]
 
@@ -66,7 +66,7 @@ def test_busy_time_explained_by_memory_work_is_no_evidence_and_a_stall_is() -> N
     bytes_moved = np.array([1.4, 1.0, 1.3, np.nan])  # over the peers'
     r = _readings(list("abcd"), busy, peers, ones, ones, clock, clock, slowness,
                   "tensor_active", np.ones(4, dtype=bool), 0.05,
-                  _memory_explains(slowness, per_byte), bytes_moved)
+                  _memory_explains(slowness, per_byte), bytes_moved, np.full(4, np.nan))
     assert r.gate[0].tolist() == [False, True, True, True]
     assert r.gate[2].all()  # a lower clock would still count: a hardware signature
     # where memory work explains the busy time, the load reads the bytes moved (the

@@ -129,3 +129,13 @@ def test_the_energy_counter_is_read_only_where_the_gauge_is_not_the_ticks_mean(
     for tick in (1.0, 2.0):
         assert all("power" in gpu for gpu in source.read(tick).gpus.values())
     assert source.errors["NVMLError_NotSupported"] == (4 if counter_read else 0)
+
+
+def test_compute_processes_counts_every_context_on_the_gpu() -> None:
+    fake = FakeNvml(gpus=2)
+    fake.processes = {1: 2}  # a leftover process beside the job's on the second GPU
+    gpus = NvmlSource(fake).read(1.0).gpus
+    assert gpus["0"]["compute_processes"] == 1.0 and gpus["11"]["compute_processes"] == 2.0
+    fake.unsupported = {"nvmlDeviceGetComputeRunningProcesses"}
+    source = NvmlSource(fake)
+    assert "compute_processes" not in source.read(2.0).gpus["0"]  # absent, never 0
