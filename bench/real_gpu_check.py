@@ -242,10 +242,13 @@ def _step_ms(train_log: Path | None) -> list[tuple[float, float]]:
     return rows
 
 
-def phase_samples(events: Path, trace: Path) -> dict[str, list[dict[str, Any]]]:
+def phase_samples(events: Path, trace: Path,
+                  marks: list[tuple[float, str]] | None = None
+                  ) -> dict[str, list[dict[str, Any]]]:
     """Phase name → the trace's samples in it, SETTLE seconds after its start left out
-    (phases of one name after the first are appended to it)."""
-    marks = _phase_marks(events)
+    (phases of one name after the first are appended to it); ``marks``: the events'
+    phases, where the caller has read them already."""
+    marks = _phase_marks(events) if marks is None else marks
     found: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for sample in decode_trace(trace.read_text().splitlines()):
         tod = sample["ts"] % 86400  # time of day, UTC, as the log's
@@ -266,7 +269,7 @@ def phase_table(events: Path, trace: Path,
     marks = _phase_marks(events)
     steps = [(ts % 86400, ms) for ts, ms in _step_ms(train_log)]
     table: dict[str, dict[str, float]] = {}
-    for name, samples in phase_samples(events, trace).items():
+    for name, samples in phase_samples(events, trace, marks).items():
         phase = [{"busy": g["sm_active"], "tensor": g["tensor_active"], "clock": g["sm_clock"],
                   "work": g["tensor_active"] * g["sm_clock"],
                   "mem_clock": g.get("mem_clock", float("nan")),

@@ -365,7 +365,8 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
         own_per_work = per_work[at] - node_per_work[node_idx]
         own_per_memory_work = per_memory_work[at] - node_per_memory_work[node_idx]
     processes = latest[_PROCESSES]
-    extra_processes = processes[at] - nanmedian(processes, axis=1)[node_idx]
+    extra_processes = (np.full(len(node_idx), np.nan) if np.isnan(processes).all()
+                       else processes[at] - nanmedian(processes, axis=1)[node_idx])
     gpu = _readings(view.gpu_keys, busy[at], node_busy[node_idx], work[at],
                     node_work[node_idx], clock[at], node_clock[node_idx], own_per_work,
                     basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor,
@@ -483,6 +484,7 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                                        (basis, work, peer_work))
                        if m is not None],
     }
+    extra = float(r.extra_processes[i])
     if slow:
         evidence["clock_signature"] = bool(throttled)
         evidence["remediable"] = bool(throttled or basis is not None)
@@ -490,18 +492,16 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                       if throttled else "")
         summary = (f"{who} is slower than {peers}: busy {fmt(busy, 'ratio')} vs peers' "
                    f"{fmt(peer_busy, 'ratio')} with {work_text}{clock_text}.")
-        return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY), _score(dev),
-                       summary, since, evidence, fire_after=1)
-    extra = float(r.extra_processes[i])
-    if extra >= 1:  # NaN (no process count): False
+    elif extra >= 1:  # load on a shared GPU (NaN, no process count: False)
         evidence.update(clock_signature=False, remediable=False, shared_gpu=True,
                         compute_processes_above_peers=int(extra))
         summary = (f"{who} is shared with another process ({int(extra)} more compute "
                    f"process{'es' if extra >= 2 else ''} than {peers}): the rank there "
                    f"waits for GPU time, and its counters carry the other's work (busy "
                    f"{fmt(busy, 'ratio')} vs {fmt(peer_busy, 'ratio')}, {work_text}).")
-        return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY),
-                       _score(dev), summary, since, evidence, fire_after=1)
+    if slow or extra >= 1:
+        return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY), _score(dev),
+                       summary, since, evidence, fire_after=1)
     share = work_ratio - 1.0
     memory_share = float(r.memory_ratio[i]) - 1.0
     memory_work = memory_share > share + LOAD_FLOOR  # NaN (no DRAM reading): False
