@@ -2,6 +2,7 @@
 the held-out seeds apart, Vigil beside the static rules.
 
     .venv/bin/python bench/bench_physics.py [--sizes 4,16] [--jobs 2] [--seeds held-out]
+        [--classes quiet_25,degraded_at_start] [--delays]
 
 Classes and seeds: ``vigil/evaluation/physics.py``. Per class: faults found (on the
 right GPU or node), detection delay p50 / p90 from onset, and false alarms (any
@@ -47,11 +48,20 @@ def main() -> int:
     parser.add_argument("--seeds", choices=("all", "tuning", "held-out"), default="all",
                         help="which split to run (the tuning seeds are many: held-out "
                              "alone takes a sixth of the time)")
+    parser.add_argument("--classes", default="",
+                        help="comma-separated class names (default: every class)")
+    parser.add_argument("--delays", action="store_true",
+                        help="also print every fault's delay, per class and split")
     args = parser.parse_args()
     sizes = tuple(int(s) for s in args.sizes.split(","))
     seeds = {"all": TUNING_SEEDS + HELD_OUT_SEEDS, "tuning": TUNING_SEEDS,
              "held-out": HELD_OUT_SEEDS}[args.seeds]
-    scenarios = physics_suite(seeds, sizes)
+    wanted = set(filter(None, args.classes.split(",")))
+    unknown = wanted - {c.name for c in CLASSES}
+    if unknown:
+        parser.error(f"unknown classes: {', '.join(sorted(unknown))}")
+    classes = tuple(c for c in CLASSES if not wanted or c.name in wanted)
+    scenarios = physics_suite(seeds, sizes, classes)
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(_score, scenarios))
     table: dict[tuple[str, str], dict[str, Any]] = defaultdict(
@@ -72,7 +82,7 @@ def main() -> int:
     print("| class | effect | seeds | jobs | found | delay p50 / p90 s | false alarms | "
           "static: found | static delay p50 | static false |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for cls in CLASSES:
+    for cls in classes:
         for split in ("tuning", "held-out"):
             row = table[(cls.name, split)]
             if not row["n"]:
@@ -85,10 +95,10 @@ def main() -> int:
     print("\nBy effect size (faults only):\n")
     print("| effect | seeds | found | delay p50 / p90 s | static: found | static delay p50 |")
     print("|---|---|---|---|---|---|")
-    effects = sorted({c.effect for c in CLASSES if c.effect})
+    effects = sorted({c.effect for c in classes if c.effect})
     for effect in effects:
         for split in ("tuning", "held-out"):
-            rows = [table[(c.name, split)] for c in CLASSES if c.effect == effect]
+            rows = [table[(c.name, split)] for c in classes if c.effect == effect]
             delays = [d for r in rows for d in r["delays"]]
             s_delays = [d for r in rows for d in r["s_delays"]]
             labels = sum(r["labels"] for r in rows)
@@ -97,13 +107,18 @@ def main() -> int:
                   f"| {sum(r['s_found'] for r in rows)}/{labels} | {_pct(s_delays, 0.5)} |")
     for split in ("tuning", "held-out"):
         rows = [r for (c, s), r in table.items() if s == split]
-        healthy = [table[(c.name, split)] for c in CLASSES if not c.effect]
+        healthy = [table[(c.name, split)] for c in classes if not c.effect]
         labels = sum(r["labels"] for r in rows)
         print(f"\n{split}: {sum(r['found'] for r in rows)}/{labels} faults found, "
               f"{sum(r['false'] for r in rows)} false alarms "
               f"({sum(r['false'] for r in healthy)} on {sum(r['n'] for r in healthy)} "
               f"healthy look-alike jobs); median delay "
               f"{statistics.median([d for r in rows for d in r['delays']] or [0]):.0f} s")
+    if args.delays:
+        print("\nEvery fault's delay, s:\n")
+        for (cls_name, split), row in sorted(table.items()):
+            if row["labels"]:
+                print(f"{cls_name} {split}: {sorted(round(d) for d in row['delays'])}")
     return 0
 
 

@@ -18,13 +18,15 @@ How a departure is told from normal variation:
   the stream's own variance. A stream whose noise persists from bin to bin (load
   that wanders slowly) has its noise scaled by ``√((1+ρ)/(1−ρ))``.
 - *Static differences* are learned as each stream's offset: a plain mean over its
-  first ``TRAINING_BINS`` comparable bins, which only teach and are not tested, then
-  a slow moving average while the stream is quiet. The test may cap the offset it
-  uses (GPUs: 10 % of the peers' level), so a GPU already slow when Vigil first sees
-  it is not learned as normal. A stream whose offset is beyond that cap after
-  ``EARLY_BINS`` is tested from then on: more bins of learning could only move an
-  offset the test does not use, and a GPU slow from the job's start is found in
-  seconds after them, not after a minute of teaching.
+  first ``TRAINING_BINS`` comparable bins, then a slow moving average while the
+  stream is quiet. The test may cap the offset it uses (GPUs: 10 % of the peers'
+  level), so a GPU already slow when Vigil first sees it is not learned as normal.
+  While a stream trains, its offset is not known yet, but the test will never use
+  more than the cap: so it is tested from its first bin as if its offset were the
+  cap. A departure beyond the cap is a fault whatever the stream goes on to learn,
+  and one within it adds no evidence; a GPU slow from the job's start is found in
+  its first bins, not after its offset has been learned. Where there is no cap (a
+  node against its job) a stream that trains is not tested.
 """
 
 from __future__ import annotations
@@ -42,8 +44,7 @@ from detectors.sequential import Cusum, cusum_step
 
 OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a stream's own offset adapts
 OFFSET_WARMUP_UPDATES = 24  # plain running mean until a stream has this many updates
-TRAINING_BINS = 12  # a stream's first compared bins teach its normal; it is tested after
-EARLY_BINS = 4  # ... or after these, once its offset is beyond the test's cap
+TRAINING_BINS = 12  # a stream's first compared bins teach its normal (tested against a cap)
 NOISE_TIME_CONSTANT = 60.0  # seconds: the smoothing of the level-wide noise estimate
 VARIANCE_TIME_CONSTANT = 180.0  # seconds: a stream's own variance and autocorrelation
 VARIANCE_PRIOR = 4  # bins: a stream's own variance starts from zero with this weight
@@ -211,24 +212,28 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     departure = np.where(valid, deviation - f[OFF], np.nan)
     offset = np.fmax(f[OFF], spec.offset_floor)
     beyond = np.zeros(n, dtype=bool)  # learned further off than the cap
+    early = np.full(departure.shape, np.nan)  # a training stream's residual to the cap
+    training: NDArray[np.bool_] = count < TRAINING_BINS  # its offset not known yet
     if any(np.isfinite(c.level.cap) for c in live):
         bound = _joined([c.level.cap * np.abs(zero_nan(c.level.peer_level))
                          if np.isfinite(c.level.cap) else np.full(c.level.valid.shape, np.inf)
                          for c in live])
         offset = np.clip(offset, -bound, bound)
         beyond = (np.abs(f[OFF]) > bound).any(axis=0)
-    # not known yet: not tested, unless what it has learned is already beyond the cap
-    # the test uses (a GPU slow from the start): learning more cannot lower its bar
-    training: NDArray[np.bool_] = (count < TRAINING_BINS) & ~(beyond & (count >= EARLY_BINS))
+        # what it learns can lower its bar at most to the cap: tested against that
+        capped = valid & training & np.isfinite(bound)
+        early = np.where(capped, deviation - spec.direction[:, None] * bound, np.nan)
     residual = np.where(valid & ~training, deviation - offset, np.nan)
     sigmas = []
     for c, span in zip(live, spans, strict=True):
         # nothing compared at this level this bin (too few peers, all training): its
-        # residuals are all NaN, and so are their median and spread
+        # residuals are all NaN, and so are their median and spread (the noise is
+        # taken over trained streams only: a residual to the cap is not noise)
         unread = bool(np.isnan(residual[:, span]).all())
         if c.level.recenter and not unread:  # the peers' reference after their offsets
-            residual[:, span] = residual[:, span] - np.expand_dims(
-                nanmedian(residual[:, span], axis=1), 1)
+            shift = np.expand_dims(nanmedian(residual[:, span], axis=1), 1)
+            residual[:, span] = residual[:, span] - shift
+            early[:, span] = early[:, span] - shift
         sigmas.append(_noise(residual[:, span], peer_level[:, span], spec, comparable,
                              bin_seconds, c.noise, unread))
     job_sigma = np.repeat(np.stack(sigmas, axis=1), sizes, axis=1)  # metrics × streams
@@ -237,7 +242,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     # load shed is judged against the stream's whole learned normal (uncapped): a GPU
     # that carried hot experts from the start and has lost them
     below = np.where(training, np.nan, departure) / scale
-    z = residual / scale
+    z = np.where(training, early, residual) / scale
     if any(c.level.gate is not None for c in live):
         gate = _joined([c.level.gate if c.level.gate is not None
                         else np.ones(c.level.valid.shape, dtype=bool) for c in live])
