@@ -111,8 +111,11 @@ def _run(job: tuple[str, str, str]) -> tuple[str, str, dict[str, Any]]:
         with lzma.open(root / f"{trace}.jsonl.xz", "rt") as src, made.open("w") as dst:
             for sample in VARIANTS[variant](json.loads(line) for line in src):
                 dst.write(json.dumps(sample) + "\n")
-        subprocess.run([str(vigil), "replay", str(made), "--out", str(found)], check=True,
-                       stderr=subprocess.DEVNULL)
+        replay = subprocess.run([str(vigil), "replay", str(made), "--out", str(found)],
+                                capture_output=True, text=True)
+        if replay.returncode:
+            raise RuntimeError(f"vigil replay of {trace} ({variant}) exited "
+                               f"{replay.returncode}: {replay.stderr[-2000:]}")
         scored = subprocess.run([sys.executable, str(root / "score.py"),
                                  str(root / f"{trace}.labels.json"), str(found)],
                                 check=True, capture_output=True, text=True)

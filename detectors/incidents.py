@@ -8,7 +8,10 @@ twice.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
+import math
 import statistics
 from typing import Any
 
@@ -16,6 +19,8 @@ from contracts import DETECTION_SCHEMA
 from contracts.messages import Detection
 from detectors.cost import cost_fields
 from detectors.findings import Finding
+
+log = logging.getLogger(__name__)
 
 COST_HISTORY = 240  # estimates (20 min of 5 s steps) the resolved cost is the median of
 
@@ -51,7 +56,7 @@ class IncidentTracker:
         resolving. Returns the detections to publish (firing and resolved).
         """
         out: list[Detection] = []
-        seen = {f.key: f for f in findings}
+        seen = {f.key: _finite(f) for f in findings}
         for key, finding in seen.items():
             cond = self.conditions.setdefault(
                 key, {"on": 0, "off": 0, "firing": False, "since": finding.since})
@@ -100,6 +105,31 @@ class IncidentTracker:
             "summary": f.summary,
             "evidence": f.evidence,
         }
+
+
+def _finite(finding: Finding) -> Finding:
+    """The finding with any non-finite number in its evidence made null (unknown), and
+    an error logged: a NaN there is a detector's bug, and the detection contract
+    refuses it, so sent on it would stop the worker (and ``vigil replay``) at every
+    restart on the same samples. The detection still goes out."""
+    bad: list[str] = []
+    clean = _finite_value(finding.evidence, "evidence", bad)
+    if not bad:
+        return finding
+    log.error("%s %s: non-finite %s made null (a detector bug)", finding.kind,
+              finding.node, ", ".join(bad))
+    return dataclasses.replace(finding, evidence=clean)
+
+
+def _finite_value(value: Any, path: str, bad: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append(path)
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_value(v, f"{path}.{k}", bad) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_value(v, f"{path}[{i}]", bad) for i, v in enumerate(value)]
+    return value
 
 
 def _track_cost(cond: dict[str, Any], finding: Finding) -> None:

@@ -61,8 +61,9 @@ load (a departure had to outlast four minutes in a job whose load had moved) are
 retired: load is now measured, not waited out. Two remain, both about phases, not
 load: only bins where the job's busiest GPU is near its recent level are compared
 (warm-up, checkpoints, evaluation and hangs hold the sums; a rise restarts
-training), and a stream's first compared bins only teach (four, where its offset is
-already beyond the cap).
+training), and a stream's first compared bins teach its offset; meanwhile it is
+tested as if that offset were the cap (10 %), the most the test would ever allow
+it, so a GPU slow from the job's start is found in its first bins.
 
 **Without SM activity** (dcgm-exporter's default field set since 4.0 comments
 ``sm_active`` out, and ``gr_engine_active`` reads 100 % while a GPU spins in a
@@ -459,6 +460,8 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
     """A straggler (slowness passed) or a load imbalance (load alone passed)."""
     i = r.keys.index(node if gpu is None else f"{node}/{gpu}")
     busy, peer_busy = float(r.busy[i]), float(r.peer_busy[i])
+    if not (math.isfinite(busy) and math.isfinite(peer_busy)):
+        return _unread_finding(node, gpu, devs, basis, job_gpus, view.bin_seconds)
     work, peer_work = float(r.work[i]), float(r.peer_work[i])
     work_ratio = work / peer_work if basis is not None and peer_work > 0 else math.nan
     clock, peer_clock = float(r.clock[i]), float(r.peer_clock[i])
@@ -515,6 +518,35 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                f"{fmt(peer_busy, 'ratio')}, {work_text}): workload, not a fault.")
     return Finding("load_imbalance", node, gpu, "info", (BUSY, basis or BUSY), _score(dev),
                    summary, since, evidence)
+
+
+def _unread_finding(node: str, gpu: str | None, devs: list[Departure], basis: str | None,
+                    job_gpus: int, bin_seconds: float) -> Finding:
+    """A stream whose sums passed the threshold in earlier bins but that has no
+    reading in this one (a sample lost, an agent that polls less often than a bin):
+    its evidence holds, but this bin says nothing of its size. It is reported with
+    its readings and its cost unknown (null), never with an older bin's numbers as
+    news; the incident's cost stays what the bins with readings gave."""
+    slow = [d for d in devs if d.metric in SLOW_STATS]
+    dev = slow[0] if slow else devs[0]
+    who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"
+    peers = "the other GPUs of its node" if gpu is not None else "the job's other nodes"
+    evidence: dict[str, Any] = {
+        "peers": peers, "busy": None, "peer_busy": None, "work_basis": basis or "none",
+        "work_ratio": None, "sm_clock": None, "peer_sm_clock": None, "z": None,
+        "deviations": [], "unread": True}
+    if slow:  # nothing read now to act on: never remediated from this finding
+        evidence.update(clock_signature=False, remediable=False)
+        summary = (f"{who} is slower than {peers} (no reading in the latest bin: the "
+                   f"evidence of the bins before holds).")
+        return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY), 0.0,
+                       summary, dev.first * bin_seconds, evidence, fire_after=1)
+    evidence.update(share_above_peers=None, share_basis=basis or "none",
+                    **cost_fields(job_gpus, None, "blamed"))
+    summary = (f"{who} carries more work than {peers} (no reading in the latest bin: "
+               f"the evidence of the bins before holds): workload, not a fault.")
+    return Finding("load_imbalance", node, gpu, "info", (BUSY, basis or BUSY), 0.0, summary,
+                   dev.first * bin_seconds, evidence)
 
 
 def _basis_text(basis: str | None) -> str:

@@ -154,6 +154,30 @@ def test_tracker_persistence_and_hysteresis() -> None:
     assert tracker.open_incidents() == []
 
 
+def test_a_non_finite_number_in_a_finding_goes_out_as_null_and_is_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A detector's NaN in its evidence would be refused by the detection contract and
+    stop the worker at every restart on the same samples: the tracker sends the
+    detection with that number null (unknown), keeps it out of the incident's cost,
+    and logs the bug."""
+    tracker = IncidentTracker("j", fire_after=1, resolve_after=1)
+    good = Finding("load_imbalance", "n", "1", "info", ("sm_active",), 2.0, "s", 10.0,
+                   {"job_slowdown": 0.2, "job_gpus": 8, "cost_basis": "blamed"})
+    bad = Finding("load_imbalance", "n", "1", "info", ("sm_active",), 2.0, "s", 10.0,
+                  {"job_slowdown": float("nan"), "job_gpus": 8, "cost_basis": "blamed",
+                   "deviations": [{"value": float("inf")}]})
+    [fired] = tracker.update(15, [bad], {"load_imbalance"})
+    validate_detection(json.loads(json.dumps(fired)))
+    assert fired["evidence"]["job_slowdown"] is None
+    assert fired["evidence"]["deviations"] == [{"value": None}]
+    assert "evidence.job_slowdown" in caplog.text and "a detector bug" in caplog.text
+    tracker.update(20, [good], {"load_imbalance"})
+    tracker.update(25, [bad], {"load_imbalance"})
+    [resolved] = tracker.update(30, [], {"load_imbalance"})
+    assert resolved["evidence"]["job_slowdown"] == 0.2  # the one estimate there was
+    validate_detection(json.loads(json.dumps(resolved)))
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.0, 1.0), min_size=5, max_size=40), st.integers(0, 4),
        st.floats(0.2, 1.0))

@@ -95,3 +95,37 @@ def test_more_memory_bound_work_is_reported_as_load_in_bytes_moved() -> None:
     assert load and all(d["evidence"]["share_basis"] == "dram_active" for d in load), load
     assert all(d["evidence"]["share_above_peers"] > 0.1 for d in load)
     assert "memory-bound work" in load[0]["summary"]
+
+
+def test_a_finding_in_a_bin_without_its_readings_holds_with_them_unknown(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job whose nodes but one miss every other bin (an agent polling less often
+    than a bin; found on the foreign traces averaged over 5 s): the hot expert's load
+    sums hold through the empty bins, and there its finding says its readings and
+    cost are unknown (null), never NaN, which the detection contract refuses (it
+    stopped `vigil replay` before). Every detection encodes."""
+    import math
+
+    import detectors.engine as engine
+    from contracts.codec import encode_detection
+
+    findings = []
+    real = engine.find_stragglers
+    monkeypatch.setattr(engine, "find_stragglers",
+                        lambda *a: findings.extend(found := real(*a)) or found)
+    runner = ReplayRunner(DetectConfig())
+    sent = []
+    for s in Simulator(Cluster([_moe(moe_fixed_hot=1, moe_amplitude=0.3)]), T0,
+                       seed=5).samples(400):
+        if s["node"] != "n0" and int((s["ts"] - T0) // 5) % 2 and s["ts"] > T0 + 40:
+            continue  # every node but n0 misses every other bin
+        sent.extend(runner.feed(s))
+    for d in sent:
+        encode_detection(d)
+    load = [d for d in sent if d["kind"] == "load_imbalance" and d["state"] == "firing"]
+    assert load and all(d["evidence"]["job_slowdown"] is not None for d in load)
+    numbers = [v for f in findings for v in f.evidence.values() if isinstance(v, float)]
+    assert all(math.isfinite(v) for v in numbers)
+    unread = [f for f in findings if f.evidence.get("unread")]
+    assert unread and all(f.evidence["busy"] is None and f.evidence["job_slowdown"] is None
+                          for f in unread)
