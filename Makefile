@@ -25,11 +25,15 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # Starts the local Kafka + Redis unless VIGIL_KAFKA_BOOTSTRAP / VIGIL_REDIS_URL name
-# existing ones, runs lint and the whole suite, and stops what it started.
+# existing ones, runs lint and the whole suite, and stops what it started. Two pytest
+# workers: the tests against the stack run in order on one (tests/conftest.py), the
+# CPU-only tests share the other. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(MAKE) lint
 	$(TEST_ENV) $(BIN)/vigil up
-	set -o pipefail; rc=0; $(TEST_ENV) $(BIN)/pytest -q -m 'not soak' $(PYTEST_ARGS) \
+	set -o pipefail; rc=0; $(TEST_ENV) $(BIN)/pytest -q -m 'not soak' \
+	  -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) \
 	  || rc=$$?; $(TEST_ENV) $(BIN)/vigil down; exit $$rc
 
 unit: $(STAMP)
