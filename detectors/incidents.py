@@ -63,7 +63,9 @@ class IncidentTracker:
             cond["on"] += 1
             cond["off"] = 0
             need = finding.fire_after if finding.fire_after is not None else self.fire_after
-            if not cond["firing"] and cond["on"] >= need:
+            # a finding without this bin's readings (``evidence.unread``) keeps its
+            # incident open but does not open one: a firing carries numbers
+            if not cond["firing"] and cond["on"] >= need and not finding.evidence.get("unread"):
                 cond["firing"] = True
                 det = self._detection(finding, key, cond["since"], now, "firing")
                 cond["detection"] = det

@@ -526,7 +526,8 @@ def _unread_finding(node: str, gpu: str | None, devs: list[Departure], basis: st
     reading in this one (a sample lost, an agent that polls less often than a bin):
     its evidence holds, but this bin says nothing of its size. It is reported with
     its readings and its cost unknown (null), never with an older bin's numbers as
-    news; the incident's cost stays what the bins with readings gave."""
+    news; the incident's cost stays what the bins with readings gave, and such a
+    finding keeps an incident open but never opens one (``detectors/incidents.py``)."""
     slow = [d for d in devs if d.metric in SLOW_STATS]
     dev = slow[0] if slow else devs[0]
     who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"

@@ -154,6 +154,20 @@ def test_tracker_persistence_and_hysteresis() -> None:
     assert tracker.open_incidents() == []
 
 
+def test_a_finding_without_its_readings_keeps_an_incident_open_but_never_opens_one(
+        ) -> None:
+    tracker = IncidentTracker("j", fire_after=1, resolve_after=1)
+    unread = Finding("load_imbalance", "n", "1", "info", ("sm_active",), 0.0, "s", 10.0,
+                     {"unread": True, "job_slowdown": None})
+    read = Finding("load_imbalance", "n", "1", "info", ("sm_active",), 2.0, "s", 10.0,
+                   {"job_slowdown": 0.2})
+    assert tracker.update(15, [unread], {"load_imbalance"}) == []
+    [fired] = tracker.update(20, [read], {"load_imbalance"})
+    assert fired["evidence"]["job_slowdown"] == 0.2
+    assert tracker.update(25, [unread], {"load_imbalance"}) == []  # held open
+    assert tracker.open_incidents()
+
+
 def test_a_non_finite_number_in_a_finding_goes_out_as_null_and_is_logged(
         caplog: pytest.LogCaptureFixture) -> None:
     """A detector's NaN in its evidence would be refused by the detection contract and
