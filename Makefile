@@ -25,16 +25,25 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # Starts the local Kafka + Redis unless VIGIL_KAFKA_BOOTSTRAP / VIGIL_REDIS_URL name
-# existing ones, runs lint and the whole suite, and stops what it started. Two pytest
-# workers: the tests against the stack run in order on one (tests/conftest.py), the
-# CPU-only tests share the other. TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 2
+# existing ones, runs lint and the whole suite, and stops what it started. The tests
+# against the stack run in order in one pytest (some stop and restart its broker);
+# the CPU-only tests run beside them in another, their report printed after.
+# TEST_SERIAL=1 runs everything in one pytest.
+UNIT_LOG := .vigil/unit-tests.log
 test: $(STAMP)
 	$(MAKE) lint
 	$(TEST_ENV) $(BIN)/vigil up
-	set -o pipefail; rc=0; $(TEST_ENV) $(BIN)/pytest -q -m 'not soak' \
-	  -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) \
-	  || rc=$$?; $(TEST_ENV) $(BIN)/vigil down; exit $$rc
+	set -o pipefail; rc=0; mkdir -p .vigil; \
+	if [ -n "$(TEST_SERIAL)" ]; then \
+	  $(TEST_ENV) $(BIN)/pytest -q -m 'not soak' $(PYTEST_ARGS) || rc=$$?; \
+	else \
+	  $(TEST_ENV) $(BIN)/pytest -q -m 'not integration and not soak' -p no:cacheprovider \
+	    $(PYTEST_ARGS) >$(UNIT_LOG) 2>&1 & \
+	  unit=$$!; \
+	  $(TEST_ENV) $(BIN)/pytest -q -m 'integration and not soak' $(PYTEST_ARGS) || rc=$$?; \
+	  wait $$unit || rc=$$?; echo "--- the CPU-only tests ($(UNIT_LOG)):"; cat $(UNIT_LOG); \
+	fi; \
+	$(TEST_ENV) $(BIN)/vigil down; exit $$rc
 
 unit: $(STAMP)
 	$(BIN)/pytest -q -m 'not integration and not soak' $(PYTEST_ARGS)
