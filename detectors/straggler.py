@@ -165,6 +165,7 @@ IDLE = 0.1  # a job whose busiest GPU is below this SM activity is not compared
 TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its level
 SETTLE_BINS = 16  # compared bins before the job counts as settled
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
+LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
 STATE_VERSION = 9  # the memory layout of the sequential test
 
 
@@ -510,7 +511,8 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
     memory_work = memory_share > share + LOAD_FLOOR  # NaN (no DRAM reading): False
     evidence["share_above_peers"] = round(memory_share if memory_work else share, 4)
     evidence["share_basis"] = "dram_active" if memory_work else basis or "none"
-    evidence.update(cost_fields(job_gpus, excess_slowdown(busy, peer_busy), "blamed"))
+    evidence.update(cost_fields(job_gpus, _load_cost(view, node, gpu, dev.first, busy - peer_busy),
+                                "blamed"))
     what = (f"{memory_share:.0%} more memory-bound work (bytes moved, dram_active × "
             f"mem_clock, {memory_share + 1:.2f}× peers')" if memory_work
             else f"{share:.0%} more work")
@@ -518,6 +520,30 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                f"{fmt(peer_busy, 'ratio')}, {work_text}): workload, not a fault.")
     return Finding("load_imbalance", node, gpu, "info", (BUSY, basis or BUSY), _score(dev),
                    summary, since, evidence)
+
+
+def _load_cost(view: WindowView, node: str, gpu: str | None, first: int,
+               excess_now: float) -> float:
+    """The job's slowdown from a load imbalance: its busy excess over its peers (the
+    median over the bins since its load's sum began to rise, at most
+    ``LOAD_COST_BINS`` of the newest: one bin's excess swings with what part of the
+    step the window caught), costed by ``excess_slowdown``. ``excess_now``: the
+    latest bin's, where the bins say nothing more."""
+    bins = int(min(LOAD_COST_BINS, max(1, view.bins[-1] - first + 1)))
+    activity = view.activity()[:, -bins:]
+    cube = np.full((len(view.nodes), view.max_slots, activity.shape[1]), np.nan)
+    cube[view.positions()] = activity
+    n = view.nodes.index(node)
+    with np.errstate(invalid="ignore"):
+        if gpu is None:  # the node's median GPU against the job's median node
+            medians = nanmedian(cube, axis=1)
+            excess = medians[n] - nanmedian(medians, axis=0)
+        else:
+            row = view.gpu_keys.index(f"{node}/{gpu}")
+            excess = activity[row] - nanmedian(cube[n], axis=0)
+    if np.isnan(excess).all():
+        return excess_slowdown(excess_now, 0.0)
+    return excess_slowdown(float(nanmedian(excess, axis=0)), 0.0)
 
 
 def _unread_finding(node: str, gpu: str | None, devs: list[Departure], basis: str | None,
