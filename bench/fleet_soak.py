@@ -68,7 +68,8 @@ def main() -> int:
     tasks = tasks[args.first:]
     began = time.time()
     done: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(args.procs) as pool:
+    pool = ProcessPoolExecutor(args.procs)
+    try:
         for result in pool.map(_run, tasks):
             done.append(result)
             for line in result["alarms"]:  # as they come: a long run can be read early
@@ -77,6 +78,14 @@ def main() -> int:
             print(f"[{time.time() - began:6.0f}s] {len(done)}/{len(tasks)} jobs, "
                   f"{hours:,.0f} GPU-hours, {sum(len(r['alarms']) for r in done)} alarms",
                   flush=True)
+    except KeyboardInterrupt:  # the jobs come in plan order: the done ones are a prefix
+        pool.shutdown(wait=False, cancel_futures=True)
+        print(f"\nstopped: jobs {args.first}-{args.first + len(done) - 1} done; the rest "
+              f"with --first {args.first + len(done)}", flush=True)
+    else:
+        pool.shutdown()
+    if not done:
+        return 1
     gpu_days = sum(r["gpu_hours"] for r in done) / 24.0
     alarms = [a for r in done for a in r["alarms"]]
     kinds = Counter(a.split()[2] for a in alarms)
