@@ -460,17 +460,17 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
              devs: list[Departure], basis: str | None, job_gpus: int) -> Finding:
     """A straggler (slowness passed) or a load imbalance (load alone passed)."""
     i = r.keys.index(node if gpu is None else f"{node}/{gpu}")
-    busy, peer_busy = float(r.busy[i]), float(r.peer_busy[i])
-    if not (math.isfinite(busy) and math.isfinite(peer_busy)):
-        return _unread_finding(node, gpu, devs, basis, job_gpus, view.bin_seconds)
-    work, peer_work = float(r.work[i]), float(r.peer_work[i])
-    work_ratio = work / peer_work if basis is not None and peer_work > 0 else math.nan
-    clock, peer_clock = float(r.clock[i]), float(r.peer_clock[i])
     slow = [d for d in devs if d.metric in SLOW_STATS]
     dev = slow[0] if slow else devs[0]
     who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"
     peers = "the other GPUs of its node" if gpu is not None else "the job's other nodes"
     since = dev.first * view.bin_seconds
+    busy, peer_busy = float(r.busy[i]), float(r.peer_busy[i])
+    if not (math.isfinite(busy) and math.isfinite(peer_busy)):
+        return _unread_finding(node, gpu, who, peers, bool(slow), since, basis, job_gpus)
+    work, peer_work = float(r.work[i]), float(r.peer_work[i])
+    work_ratio = work / peer_work if basis is not None and peer_work > 0 else math.nan
+    clock, peer_clock = float(r.clock[i]), float(r.peer_clock[i])
     throttled = clock < peer_clock * (1 - CLOCK_SIGNATURE)
     work_text = (f"work rate ({_basis_text(basis)}) {work_ratio:.2f}× peers'"
                  if basis is not None else "no work counter to tell work from slowness")
@@ -529,10 +529,10 @@ def _load_cost(view: WindowView, node: str, gpu: str | None, first: int,
     ``LOAD_COST_BINS`` of the newest: one bin's excess swings with what part of the
     step the window caught), costed by ``excess_slowdown``. ``excess_now``: the
     latest bin's, where the bins say nothing more."""
-    bins = int(min(LOAD_COST_BINS, max(1, view.bins[-1] - first + 1)))
-    activity = view.activity()[:, -bins:]
-    cube = np.full((len(view.nodes), view.max_slots, activity.shape[1]), np.nan)
-    cube[view.positions()] = activity
+    metric = view.activity_metric()
+    if metric is None:
+        return excess_slowdown(excess_now, 0.0)
+    cube = view.per_node(metric, last=int(min(LOAD_COST_BINS, max(1, view.bins[-1] - first + 1))))
     n = view.nodes.index(node)
     with np.errstate(invalid="ignore"):
         if gpu is None:  # the node's median GPU against the job's median node
@@ -540,24 +540,20 @@ def _load_cost(view: WindowView, node: str, gpu: str | None, first: int,
             excess = medians[n] - nanmedian(medians, axis=0)
         else:
             row = view.gpu_keys.index(f"{node}/{gpu}")
-            excess = activity[row] - nanmedian(cube[n], axis=0)
+            excess = cube[n, view.positions()[1][row]] - nanmedian(cube[n], axis=0)
     if np.isnan(excess).all():
         return excess_slowdown(excess_now, 0.0)
     return excess_slowdown(float(nanmedian(excess, axis=0)), 0.0)
 
 
-def _unread_finding(node: str, gpu: str | None, devs: list[Departure], basis: str | None,
-                    job_gpus: int, bin_seconds: float) -> Finding:
+def _unread_finding(node: str, gpu: str | None, who: str, peers: str, slow: bool,
+                    since: float, basis: str | None, job_gpus: int) -> Finding:
     """A stream whose sums passed the threshold in earlier bins but that has no
     reading in this one (a sample lost, an agent that polls less often than a bin):
     its evidence holds, but this bin says nothing of its size. It is reported with
     its readings and its cost unknown (null), never with an older bin's numbers as
     news; the incident's cost stays what the bins with readings gave, and such a
     finding keeps an incident open but never opens one (``detectors/incidents.py``)."""
-    slow = [d for d in devs if d.metric in SLOW_STATS]
-    dev = slow[0] if slow else devs[0]
-    who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"
-    peers = "the other GPUs of its node" if gpu is not None else "the job's other nodes"
     evidence: dict[str, Any] = {
         "peers": peers, "busy": None, "peer_busy": None, "work_basis": basis or "none",
         "work_ratio": None, "sm_clock": None, "peer_sm_clock": None, "z": None,
@@ -567,13 +563,13 @@ def _unread_finding(node: str, gpu: str | None, devs: list[Departure], basis: st
         summary = (f"{who} is slower than {peers} (no reading in the latest bin: the "
                    f"evidence of the bins before holds).")
         return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY), 0.0,
-                       summary, dev.first * bin_seconds, evidence, fire_after=1)
+                       summary, since, evidence, fire_after=1)
     evidence.update(share_above_peers=None, share_basis=basis or "none",
                     **cost_fields(job_gpus, None, "blamed"))
     summary = (f"{who} carries more work than {peers} (no reading in the latest bin: "
                f"the evidence of the bins before holds): workload, not a fault.")
     return Finding("load_imbalance", node, gpu, "info", (BUSY, basis or BUSY), 0.0, summary,
-                   dev.first * bin_seconds, evidence)
+                   since, evidence)
 
 
 def _basis_text(basis: str | None) -> str:

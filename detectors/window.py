@@ -565,12 +565,17 @@ class WindowView:
         its place: both are near zero on a GPU that spins in a collective or idles,
         and well above it on one that computes. Detectors that only ask "is it
         computing?" read this."""
+        metric = self.activity_metric()
+        if metric is None:
+            return np.full((len(self.gpus), len(self.bins)), np.nan)
+        return self._gpu[metric]
+
+    def activity_metric(self) -> str | None:
+        """The metric ``activity`` reads (None: neither is in the window)."""
         sm = self._gpu.get("sm_active")
         if sm is not None and not np.isnan(sm).all():
-            return sm
-        tensor = self._gpu.get("tensor_active")
-        return tensor if tensor is not None else np.full((len(self.gpus), len(self.bins)),
-                                                         np.nan)
+            return "sm_active"
+        return "tensor_active" if "tensor_active" in self._gpu else None
 
     def positions(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """Each GPU's (node index, slot) in ``per_node`` arrays, in ``gpus`` order."""
