@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -31,7 +31,17 @@ def _score(scenario: Scenario) -> tuple[str, int, dict[str, Any]]:
 def _summary(t: Tally) -> dict[str, Any]:
     delays = [d for v in t.delays.values() for d in v]
     return {"labels": sum(t.labels.values()), "found": sum(t.found.values()),
-            "delays": delays, "false": len(t.false_alarms)}
+            "delays": delays, "false": len(t.false_alarms),
+            "false_kinds": [f.split(": ", 1)[1].split(" ", 1)[0] for f in t.false_alarms]}
+
+
+SPLITS = ("tuning", "held-out", "fresh")
+
+
+def _split(seed: int) -> str:
+    """Which set a seed belongs to ("fresh": neither, never run before)."""
+    return "tuning" if seed in TUNING_SEEDS else "held-out" if seed in HELD_OUT_SEEDS \
+        else "fresh"
 
 
 def _pct(values: list[float], q: float) -> str:
@@ -45,23 +55,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="4,16")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--seeds", choices=("all", "tuning", "held-out"), default="all",
-                        help="which split to run (the tuning seeds are many: held-out "
-                             "alone takes a sixth of the time)")
+    parser.add_argument("--seeds", default="all",
+                        help="all, tuning, held-out, or seeds by number (1,2 or 71,72,73: "
+                             "seeds in neither set are reported as 'fresh'); the tuning "
+                             "seeds are many: held-out alone takes a sixth of the time")
     parser.add_argument("--classes", default="",
                         help="comma-separated class names (default: every class)")
     parser.add_argument("--delays", action="store_true",
                         help="also print every fault's delay, per class and split")
     args = parser.parse_args()
     sizes = tuple(int(s) for s in args.sizes.split(","))
-    seeds = {"all": TUNING_SEEDS + HELD_OUT_SEEDS, "tuning": TUNING_SEEDS,
-             "held-out": HELD_OUT_SEEDS}[args.seeds]
+    named = {"all": TUNING_SEEDS + HELD_OUT_SEEDS, "tuning": TUNING_SEEDS,
+             "held-out": HELD_OUT_SEEDS}
+    try:
+        seeds = named.get(args.seeds) or tuple(int(s) for s in args.seeds.split(","))
+    except ValueError:
+        parser.error(f"--seeds: {args.seeds!r} is neither a split nor numbers")
     wanted = set(filter(None, args.classes.split(",")))
     unknown = wanted - {c.name for c in CLASSES}
     if unknown:
         parser.error(f"unknown classes: {', '.join(sorted(unknown))}")
     classes = tuple(c for c in CLASSES if not wanted or c.name in wanted)
     scenarios = physics_suite(seeds, sizes, classes)
+    splits = [s for s in SPLITS if s in {_split(seed) for seed in seeds}]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(_score, scenarios))
     table: dict[tuple[str, str], dict[str, Any]] = defaultdict(
@@ -69,7 +85,7 @@ def main() -> int:
                  "s_delays": [], "s_false": 0})
     for name, seed, r in results:
         class_name = name.rsplit("-", 2)[0]
-        split = "tuning" if seed in TUNING_SEEDS else "held-out"
+        split = _split(seed)
         row = table[(class_name, split)]
         row["n"] += 1
         for key in ("labels", "found", "delays", "false"):
@@ -83,7 +99,7 @@ def main() -> int:
           "static: found | static delay p50 | static false |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for cls in classes:
-        for split in ("tuning", "held-out"):
+        for split in splits:
             row = table[(cls.name, split)]
             if not row["n"]:
                 continue
@@ -97,7 +113,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     effects = sorted({c.effect for c in classes if c.effect})
     for effect in effects:
-        for split in ("tuning", "held-out"):
+        for split in splits:
             rows = [table[(c.name, split)] for c in classes if c.effect == effect]
             delays = [d for r in rows for d in r["delays"]]
             s_delays = [d for r in rows for d in r["s_delays"]]
@@ -105,12 +121,15 @@ def main() -> int:
             print(f"| {effect} | {split} | {sum(r['found'] for r in rows)}/{labels} "
                   f"| {_pct(delays, 0.5)} / {_pct(delays, 0.9)} "
                   f"| {sum(r['s_found'] for r in rows)}/{labels} | {_pct(s_delays, 0.5)} |")
-    for split in ("tuning", "held-out"):
+    for split in splits:
         rows = [r for (c, s), r in table.items() if s == split]
         healthy = [table[(c.name, split)] for c in classes if not c.effect]
         labels = sum(r["labels"] for r in rows)
+        kinds = Counter(k for _, seed, r in results if _split(seed) == split
+                        for k in r["vigil"]["false_kinds"])
         print(f"\n{split}: {sum(r['found'] for r in rows)}/{labels} faults found, "
               f"{sum(r['false'] for r in rows)} false alarms "
+              f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'}) "
               f"({sum(r['false'] for r in healthy)} on {sum(r['n'] for r in healthy)} "
               f"healthy look-alike jobs); median delay "
               f"{statistics.median([d for r in rows for d in r['delays']] or [0]):.0f} s")
