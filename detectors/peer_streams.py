@@ -224,7 +224,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
         capped = valid & training & np.isfinite(bound)
         early = np.where(capped, deviation - spec.direction[:, None] * bound, np.nan)
     residual = np.where(valid & ~training, deviation - offset, np.nan)
-    sigmas = []
+    sigmas, floors = [], []
     for c, span in zip(live, spans, strict=True):
         # nothing compared at this level this bin (too few peers, all training): its
         # residuals are all NaN, and so are their median and spread (the noise is
@@ -234,11 +234,17 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
             shift = np.expand_dims(nanmedian(residual[:, span], axis=1), 1)
             residual[:, span] = residual[:, span] - shift
             early[:, span] = early[:, span] - shift
-        sigmas.append(_noise(residual[:, span], peer_level[:, span], spec, comparable,
-                             bin_seconds, c.noise, unread))
-    job_sigma = np.repeat(np.stack(sigmas, axis=1), sizes, axis=1)  # metrics × streams
-    base = np.fmax(job_sigma, np.sqrt(f[VAR]))
-    scale = base * _persistence(f)
+        measured, floor = _noise(residual[:, span], peer_level[:, span], spec, comparable,
+                                 bin_seconds, c.noise, unread)
+        sigmas.append(measured)
+        floors.append(floor)
+    measured_sigma, floor_sigma = (np.repeat(np.stack(a, axis=1), sizes, axis=1)
+                                   for a in (sigmas, floors))  # metrics × streams
+    job_sigma = np.fmax(measured_sigma, floor_sigma)
+    # the noise that persists is the noise measured (across the level, or the stream's
+    # own); the floor is a resolution, not a persistent component: scaling it by the
+    # stream's persistence would count a quiet stream's small wander many times over
+    scale = np.fmax(floor_sigma, np.fmax(measured_sigma, np.sqrt(f[VAR])) * _persistence(f))
     # load shed is judged against the stream's whole learned normal (uncapped): a GPU
     # that carried hot experts from the start and has lost them
     below = np.where(training, np.nan, departure) / scale
@@ -310,10 +316,11 @@ class _Decided:
 
 def _noise(residual: Array, peer_level: Array, spec: MetricSpec, comparable: bool,
            bin_seconds: float, noise: dict[str, list[float | None]],
-           unread: bool = False) -> Array:
-    """Each metric's noise across the level: the robust spread of the residuals
-    across streams, smoothed over comparable bins, floored by the metric's
-    resolution. ``unread``: every residual is NaN (no spread to take)."""
+           unread: bool = False) -> tuple[Array, Array]:
+    """Each metric's noise across the level, and its floor: the robust spread of the
+    residuals across streams, smoothed over comparable bins (0 while none was
+    taken), and the metric's resolution. ``unread``: every residual is NaN (no
+    spread to take)."""
     with np.errstate(invalid="ignore"):
         level = np.abs(nanmedian(peer_level, axis=1))
     floor = np.fmax(spec.floors, REL_FLOOR * zero_nan(level))
@@ -326,7 +333,7 @@ def _noise(residual: Array, peer_level: Array, spec: MetricSpec, comparable: boo
         known = np.where(np.isnan(known), spread,
                          np.where(np.isnan(spread), known, known + a * (spread - known)))
         noise["sigma"] = [v if v == v else None for v in known.tolist()]  # NaN: None
-    return np.fmax(zero_nan(known), floor)
+    return zero_nan(known), floor
 
 
 def _persistence(f: Array) -> Array:
