@@ -100,6 +100,22 @@ step took 1.8× as long). Where the agent counts compute processes
 load statistic passes is a straggler, ``shared_gpu: true``, ``remediable: false``
 (the fix is the other process, not the hardware).
 
+**A node whose host holds the job back** (a data loader, a saturated CPU) makes no
+GPU busier: its GPUs wait with no kernel at the start of every step while the job's
+other GPUs wait for them, spinning in the collective (NVML's ``gpu_util`` counts any
+kernel, so it reads 100 % there). So each node also carries the *idle* statistic,
+``log(peers' gpu_util / its gpu_util)`` for its median GPU against the job's median
+node, in the same sequential test: a 25 % data loader is named in two bins, a 15 %
+one in three (the job-level ``slowdown``, which needs the job's steps to stretch
+for 20 s, took 30 s and missed 15 %). It is a straggler node, ``host_bound: true``,
+``remediable: false`` (its GPUs are fine). Only nodes: one GPU's ``gpu_util`` is
+coarse (NVML samples it over 1/6 s to 1 s; the foreign generator's 1 s readings of
+a healthy GPU jump between 0 and 100 %), and tested per GPU it raised a hundred and
+fifty false stragglers on the foreign traces; a node's median GPU, against the
+job's, raised none. A node idle from the job's first bin is learned as its normal
+(node streams have no cap) and is left to the job's ``slowdown``, as is a job of
+fewer than ``MIN_NODE_PEERS`` nodes.
+
 **Without a work signal** (an exporter without the profiling fields), ``s`` is the
 busy excess alone: such a finding says ``work_basis: none``, and unless its clock is
 down or a clock-event flag is up it cannot be told from more work: it carries
@@ -138,11 +154,12 @@ BUSY = "sm_active"
 WORK_SOURCES: tuple[tuple[str, str | None], ...] = (
     ("mma_cycles_active", None), ("tensor_active", "sm_clock"), ("dram_active", "mem_clock"))
 GPU_READS = (BUSY, "mma_cycles_active", "tensor_active", "sm_clock", "dram_active", "mem_clock",
-             "compute_processes")
+             "compute_processes", "gpu_util")
 NIC_READS: tuple[str, ...] = ()
 _B, _CLOCK = GPU_READS.index(BUSY), GPU_READS.index("sm_clock")
 _TENSOR = GPU_READS.index("tensor_active")
 _PROCESSES = GPU_READS.index("compute_processes")
+_UTIL = GPU_READS.index("gpu_util")
 MIN_WORK_SHARE = 0.02  # a share-type work counter whose peers read below this says nothing
 BASIS_WAIT_BINS = 8  # bins (40 s: a 30 s step and more) tensor work has to show up in
 MIN_BUSY = 0.05  # peers busier than this are compared (below: idle or a pause)
@@ -151,10 +168,11 @@ MIN_BUSY = 0.05  # peers busier than this are compared (below: idle or a pause)
 SLOWNESS_FLOOR = 0.025
 LOAD_FLOOR = 0.05
 CLOCK_FLOOR = 0.02
-STATS = ("slowness", "load", "clock")
-SLOW_STATS = frozenset({"slowness", "clock"})  # either passing makes a straggler
-SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR]),
-                  np.array([1.0, 1.0, 1.0]),
+IDLE_FLOOR = 0.025
+STATS = ("slowness", "load", "clock", "idle")
+SLOW_STATS = frozenset({"slowness", "clock"})  # either passing: a slower GPU or node
+SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR, IDLE_FLOOR]),
+                  np.array([1.0, 1.0, 1.0, 1.0]),
                   -1, min_metrics=1, offset_floor=0.0)
 MIN_GPU_PEERS = 4
 MIN_NODE_PEERS = 3
@@ -166,7 +184,7 @@ TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its
 SETTLE_BINS = 16  # compared bins before the job counts as settled
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
-STATE_VERSION = 9  # the memory layout of the sequential test
+STATE_VERSION = 10  # the memory layout of the sequential test
 
 
 @dataclass(frozen=True)
@@ -197,6 +215,8 @@ class _Readings:
     keys: list[str]
     busy: Array
     peer_busy: Array
+    util: Array  # gpu_util: the share of time a kernel ran
+    peer_util: Array
     work: Array
     peer_work: Array
     clock: Array
@@ -350,7 +370,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     median: the median of busy times and the median of work rates of a node whose
     load varies are two different GPUs, and their ratio would describe neither.
     Busy time per byte moved is taken the same way, for ``_memory_explains``."""
-    busy, clock, work = latest[_B], latest[_CLOCK], _work(latest, basis)
+    busy, clock, work, util = latest[_B], latest[_CLOCK], _work(latest, basis), latest[_UTIL]
     # memory work (bytes moved per second) as a second reading of work, where the
     # basis is another counter
     memory = (_work(latest, "dram_active") if basis not in (None, "dram_active")
@@ -358,8 +378,9 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     with np.errstate(invalid="ignore", divide="ignore"):
         per_work = np.log(busy / work)
         per_memory_work = np.log(busy / memory)
-    node_busy, node_work, node_clock, node_per_work, node_per_memory_work, node_memory = (
-        nanmedian(a, axis=1) for a in (busy, work, clock, per_work, per_memory_work, memory))
+    node_busy, node_work, node_clock, node_per_work, node_per_memory_work, node_memory, \
+        node_util = (nanmedian(a, axis=1) for a in (busy, work, clock, per_work,
+                                                     per_memory_work, memory, util))
     peers = (~np.isnan(busy)).sum(axis=1)
     node_idx, slot_idx = view.positions()
     at = (node_idx, slot_idx)
@@ -373,10 +394,11 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     node_work[node_idx], clock[at], node_clock[node_idx], own_per_work,
                     basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor,
                     _memory_explains(own_per_work, own_per_memory_work),
-                    _ratio(memory[at], node_memory[node_idx]), extra_processes)
+                    _ratio(memory[at], node_memory[node_idx]), extra_processes,
+                    util=(np.full(len(node_idx), np.nan),) * 2)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
-                     node_memory)]
+                     node_memory, node_util)]
     n = len(view.nodes)
     node_slowness = _minus(node_per_work, job[3])
     node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
@@ -385,7 +407,8 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                      np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS),
                      phase_floor,
                      _memory_explains(node_slowness, _minus(node_per_memory_work, job[4])),
-                     _ratio(node_memory, job[5]), np.full(n, np.nan))
+                     _ratio(node_memory, job[5]), np.full(n, np.nan),
+                     util=(node_util, np.full(n, job[6])))
     return gpu, node
 
 
@@ -416,18 +439,22 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
               clock: Array, peer_clock: Array, per_work: Array, basis: str | None,
               enough: NDArray[np.bool_], phase_floor: float,
               memory_explained: NDArray[np.bool_], memory_ratio: Array,
-              extra_processes: Array) -> _Readings:
+              extra_processes: Array, util: tuple[Array, Array]) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
     slowness may not count for a fault, and the bytes moved are the load's work;
-    ``memory_ratio``: bytes moved a second over the peers')."""
+    ``memory_ratio``: bytes moved a second over the peers'; ``util``: the streams'
+    ``gpu_util`` and their peers')."""
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.log(busy / peer_busy)
         # more memory-bound work is more work: where it explains the busy time, the
         # work that rose with it is the bytes moved, not the tensor work
         y = np.where(memory_explained, np.log(memory_ratio), np.log(work / peer_work))
         lower_clock = np.log(peer_clock / clock)
+        # time with no kernel at all, against peers that keep one running (computing,
+        # or spinning in the collective while they wait): input the host did not feed
+        idle = np.log(util[1] / util[0])
         # busier beyond what a window's phase makes: a GPU as busy as its peers
         # (+0.2 %) that does less work is a cold expert, not holding anyone back
         busier = x > SLOWNESS_FLOOR
@@ -437,14 +464,15 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     else:
         slowness, load = per_work, np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
-    stats = np.stack([slowness, load, lower_clock])
+    stats = np.stack([slowness, load, lower_clock, idle])
     valid = compared[None, :] & np.isfinite(stats)  # a zero reading: no ratio to take
     # slowness and a lower clock count as evidence only in a bin where the stream is
     # busier than its peers by more than the noise floor (what they learn, their
     # normal offset, comes from every bin: gating it would bias it by the busy
     # time's own noise)
-    gate = np.stack([busier & ~memory_explained, np.ones(x.shape, dtype=bool), busier])
-    return _Readings(keys, busy, peer_busy, work, peer_work, clock, peer_clock,
+    anyway = np.ones(x.shape, dtype=bool)
+    gate = np.stack([busier & ~memory_explained, anyway, busier, anyway])
+    return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,
                      extra_processes)
 
@@ -458,16 +486,21 @@ def _peer_level(r: _Readings, cap: float, recenter: bool) -> PeerLevel:
 
 def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
              devs: list[Departure], basis: str | None, job_gpus: int) -> Finding:
-    """A straggler (slowness passed) or a load imbalance (load alone passed)."""
+    """A straggler (slowness or a lower clock passed: slower; idle time passed: its
+    host holds it back) or a load imbalance (load alone passed)."""
     i = r.keys.index(node if gpu is None else f"{node}/{gpu}")
     slow = [d for d in devs if d.metric in SLOW_STATS]
-    dev = slow[0] if slow else devs[0]
+    idle = [d for d in devs if d.metric == "idle"]
+    dev = (slow or idle or devs)[0]
     who = f"GPU {gpu} on {node}" if gpu is not None else f"Node {node}"
     peers = "the other GPUs of its node" if gpu is not None else "the job's other nodes"
     since = dev.first * view.bin_seconds
     busy, peer_busy = float(r.busy[i]), float(r.peer_busy[i])
-    if not (math.isfinite(busy) and math.isfinite(peer_busy)):
-        return _unread_finding(node, gpu, who, peers, bool(slow), since, basis, job_gpus)
+    util, peer_util = float(r.util[i]), float(r.peer_util[i])
+    readings = (busy, peer_busy) + ((util, peer_util) if idle and not slow else ())
+    if not all(math.isfinite(v) for v in readings):
+        return _unread_finding(node, gpu, who, peers, bool(slow or idle), since, basis,
+                               job_gpus)
     work, peer_work = float(r.work[i]), float(r.peer_work[i])
     work_ratio = work / peer_work if basis is not None and peer_work > 0 else math.nan
     clock, peer_clock = float(r.clock[i]), float(r.peer_clock[i])
@@ -496,6 +529,15 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                       if throttled else "")
         summary = (f"{who} is slower than {peers}: busy {fmt(busy, 'ratio')} vs peers' "
                    f"{fmt(peer_busy, 'ratio')} with {work_text}{clock_text}.")
+    elif idle:  # no kernel while its peers keep one running: its host, not its silicon
+        evidence.update(clock_signature=False, remediable=False, host_bound=True,
+                        gpu_util=round(util, 4), peer_gpu_util=round(peer_util, 4))
+        evidence["deviations"] = [{"metric": "gpu_util", "value": round(util, 4),
+                                   "peer_median": round(peer_util, 4), "z": evidence["z"]}]
+        summary = (f"{who} holds the job back from its host: its GPUs run no kernel "
+                   f"{fmt(1 - util, 'ratio')} of the time (gpu_util {fmt(util, 'ratio')} vs "
+                   f"{peers}' {fmt(peer_util, 'ratio')}, who wait for it in their "
+                   f"collectives): input not fed in time (data loader, saturated CPU).")
     elif extra >= 1:  # load on a shared GPU (NaN, no process count: False)
         evidence.update(clock_signature=False, remediable=False, shared_gpu=True,
                         compute_processes_above_peers=int(extra))
@@ -503,8 +545,9 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                    f"process{'es' if extra >= 2 else ''} than {peers}): the rank there "
                    f"waits for GPU time, and its counters carry the other's work (busy "
                    f"{fmt(busy, 'ratio')} vs {fmt(peer_busy, 'ratio')}, {work_text}).")
-    if slow or extra >= 1:
-        return Finding("straggler", node, gpu, "warning", (BUSY, basis or BUSY), _score(dev),
+    if slow or idle or extra >= 1:
+        metrics = ("gpu_util", BUSY) if idle and not slow else (BUSY, basis or BUSY)
+        return Finding("straggler", node, gpu, "warning", metrics, _score(dev),
                        summary, since, evidence, fire_after=1)
     share = work_ratio - 1.0
     memory_share = float(r.memory_ratio[i]) - 1.0

@@ -1,6 +1,8 @@
 """A slowdown nobody is blamed for is still a finding (issue #28): a data-loader-bound
 node makes no GPU busier, yet the job's steps stretch; the job-level ``slowdown``
-names the node, within a minute, with a cost near the truth."""
+names the node, within a minute, with a cost near the truth. Where the job has
+nodes enough to compare, the node's idle time against its peers' names it sooner,
+as a host-bound straggler node."""
 
 from __future__ import annotations
 
@@ -25,11 +27,31 @@ def _run(cluster: Cluster, seconds: float, seed: int = 2) -> tuple[list[dict[str
     return fired, sim
 
 
-@pytest.mark.parametrize("nodes", [4, 8])
-def test_a_data_loader_bound_node_is_named_within_half_a_minute(nodes: int) -> None:
-    """The job's level read over 15 s as well as a minute: a data loader that
-    stretched every step is named in about half a minute (in a minute before)."""
+@pytest.mark.parametrize(("nodes", "severity", "within"), [(4, 1.25, 10), (8, 1.25, 10),
+                                                         (4, 1.15, 15), (8, 1.15, 15)])
+def test_a_data_loader_bound_node_is_a_host_bound_straggler_within_seconds(
+        nodes: int, severity: float, within: float) -> None:
+    """Its GPUs run no kernel while the job's others spin in their collectives: the
+    node-level idle statistic names it in two or three bins, 15 % loaders included
+    (the job-level slowdown, the only way before, took 30 s and missed 15 %). Not
+    remediated: the host's input, not the GPUs. The cost is the job's."""
     job = JobSpec("dl", [f"n{i}" for i in range(nodes)])
+    fault = Fault("slow_host", "dl", "n1", None, T0 + 200, severity=severity)
+    fired, sim = _run(Cluster([job], [fault]), 400)
+    assert [(d["kind"], d["node"], d["gpu"]) for d in fired] == [("straggler", "n1", None)]
+    [det] = fired
+    assert det["detected_at"] - fault.start <= within
+    assert det["evidence"]["host_bound"] is True and det["evidence"]["remediable"] is False
+    assert det["evidence"]["gpu_util"] < det["evidence"]["peer_gpu_util"]
+    truth = statistics.median(r for t, r in sim.truth["dl"] if t > fault.start + 30) - 1
+    assert det["evidence"]["job_slowdown"] == pytest.approx(truth, rel=0.25)
+
+
+def test_a_data_loader_bound_node_of_a_two_node_job_is_named_by_the_slowdown() -> None:
+    """Two nodes are too few to compare a node with its peers: the job's steps
+    stretching, with one node idle while the other waits, is the job-level
+    ``slowdown`` naming it (its 15 s mean held for four bins: within 35 s)."""
+    job = JobSpec("dl", ["n0", "n1"])
     fault = Fault("slow_host", "dl", "n1", None, T0 + 200, severity=1.25)
     fired, sim = _run(Cluster([job], [fault]), 400)
     assert not [d for d in fired if d["kind"] == "straggler"], fired
