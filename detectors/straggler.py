@@ -497,11 +497,16 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
     since = dev.first * view.bin_seconds
     busy, peer_busy = float(r.busy[i]), float(r.peer_busy[i])
     util, peer_util = float(r.util[i]), float(r.peer_util[i])
-    readings = (busy, peer_busy) + ((util, peer_util) if idle and not slow else ())
-    if not all(math.isfinite(v) for v in readings):
+    work, peer_work = float(r.work[i]), float(r.peer_work[i])
+    # the readings the finding is told in must be in this bin: a sum holds through a
+    # bin without them (or one where the peers did no work to compare), its numbers
+    # do not
+    told_by_load = not (slow or idle) and basis is not None
+    readings = (busy, peer_busy) + ((util, peer_util) if idle and not slow else ()) + (
+        (work, peer_work) if told_by_load else ())
+    if not all(math.isfinite(v) for v in readings) or (told_by_load and peer_work <= 0):
         return _unread_finding(node, gpu, who, peers, bool(slow or idle), since, basis,
                                job_gpus)
-    work, peer_work = float(r.work[i]), float(r.peer_work[i])
     work_ratio = work / peer_work if basis is not None and peer_work > 0 else math.nan
     clock, peer_clock = float(r.clock[i]), float(r.peer_clock[i])
     throttled = clock < peer_clock * (1 - CLOCK_SIGNATURE)

@@ -4,6 +4,7 @@ the noise floor."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,8 @@ import pytest
 from detectors.straggler import (
     BASIS_WAIT_BINS,
     GPU_READS,
+    STATS,
+    _levels,
     _memory_explains,
     _readings,
     _work_basis,
@@ -48,7 +51,8 @@ def test_a_gpu_as_busy_as_its_peers_doing_less_work_gives_no_evidence() -> None:
     clock = np.full(2, 1980.0)
     r = _readings(["cold", "slow"], busy, peers, work, np.ones(2), clock, clock,
                   np.log(busy / peers / work), "tensor_active", np.ones(2, dtype=bool), 0.05,
-                  np.zeros(2, dtype=bool), np.ones(2), np.full(2, np.nan))
+                  np.zeros(2, dtype=bool), np.ones(2), np.full(2, np.nan),
+                  util=(np.ones(2), np.ones(2)))
     slowness_gate = r.gate[0]
     assert not slowness_gate[0] and slowness_gate[1]
 
@@ -66,10 +70,34 @@ def test_busy_time_explained_by_memory_work_is_no_evidence_and_a_stall_is() -> N
     bytes_moved = np.array([1.4, 1.0, 1.3, np.nan])  # over the peers'
     r = _readings(list("abcd"), busy, peers, ones, ones, clock, clock, slowness,
                   "tensor_active", np.ones(4, dtype=bool), 0.05,
-                  _memory_explains(slowness, per_byte), bytes_moved, np.full(4, np.nan))
+                  _memory_explains(slowness, per_byte), bytes_moved, np.full(4, np.nan),
+                  util=(ones, ones))
     assert r.gate[0].tolist() == [False, True, True, True]
     assert r.gate[2].all()  # a lower clock would still count: a hardware signature
     # where memory work explains the busy time, the load reads the bytes moved (the
     # busy excess bounds it); elsewhere the tensor work (level here)
     load = r.stats[1]
     assert load[0] == pytest.approx(np.log(0.9 / 0.72)) and load[1:3].tolist() == [0.0, 0.0]
+
+
+def test_idle_time_is_read_for_nodes_against_the_job_never_for_one_gpu() -> None:
+    """A node whose GPUs run no kernel a fifth of the time while the job's other
+    GPUs keep one running reads ``log(1 / 0.8)`` of idle time; one GPU's own
+    ``gpu_util`` is too coarse to be read (it raised false stragglers on the foreign
+    traces), so the GPU level never carries the statistic."""
+    nodes, slots = 4, 8
+    latest = np.full((len(GPU_READS), nodes, slots), np.nan)
+    for metric, value in (("sm_active", 0.6), ("tensor_active", 0.3), ("sm_clock", 1980.0),
+                          ("dram_active", 0.3), ("mem_clock", 2619.0), ("gpu_util", 1.0)):
+        latest[GPU_READS.index(metric)] = value
+    latest[GPU_READS.index("gpu_util"), 2] = 0.8  # node 2 waits for its host
+    latest[GPU_READS.index("gpu_util"), 0, 3] = 0.5  # one GPU's coarse reading
+    node_idx, slot_idx = np.repeat(np.arange(nodes), slots), np.tile(np.arange(slots), nodes)
+    view = SimpleNamespace(nodes=[f"n{i}" for i in range(nodes)],
+                           gpu_keys=[f"n{n}/{g}" for n, g in zip(node_idx, slot_idx)],
+                           positions=lambda: (node_idx, slot_idx))
+    gpu, node = _levels(view, latest, "tensor_active", 0.05)  # type: ignore[arg-type]
+    idle = STATS.index("idle")
+    assert node.stats[idle].tolist() == pytest.approx([0.0, 0.0, np.log(1 / 0.8), 0.0])
+    assert node.valid[idle].all() and node.gate[idle].all()
+    assert not gpu.valid[idle].any()

@@ -130,3 +130,32 @@ def test_a_finding_in_a_bin_without_its_readings_holds_with_them_unknown(
     unread = [f for f in findings if f.evidence.get("unread")]
     assert unread and all(f.evidence["busy"] is None and f.evidence["job_slowdown"] is None
                           for f in unread)
+
+
+def test_a_load_finding_in_a_bin_without_work_to_compare_holds_with_its_share_unknown(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bins where the job's GPUs are busy with no tensor work (a phase of other
+    kernels): no work ratio to take, so the hot expert's load sums hold through them,
+    and there its finding must say its share is unknown, not NaN (the fleet soak
+    logged "non-finite evidence.share_above_peers" on a pipeline job before)."""
+    import math
+
+    import detectors.engine as engine
+
+    findings = []
+    real = engine.find_stragglers
+    monkeypatch.setattr(engine, "find_stragglers",
+                        lambda *a: findings.extend(found := real(*a)) or found)
+    runner = ReplayRunner(DetectConfig())
+    for s in Simulator(Cluster([_moe(moe_fixed_hot=1, moe_amplitude=0.3)]), T0,
+                       seed=5).samples(400):
+        if int((s["ts"] - T0) // 5) % 2 and s["ts"] > T0 + 60:
+            for reading in s["gpus"].values():
+                reading["tensor_active"] = 0.0
+        runner.feed(s)
+    load = [f for f in findings if f.kind == "load_imbalance"]
+    assert [f for f in load if not f.evidence.get("unread")], load  # found on numbers
+    numbers = [v for f in findings for v in f.evidence.values() if isinstance(v, float)]
+    assert all(math.isfinite(v) for v in numbers)
+    assert [f for f in load if f.evidence.get("unread")
+            and f.evidence["share_above_peers"] is None]
