@@ -94,7 +94,7 @@ def test_idle_time_is_read_for_nodes_against_the_job_never_for_one_gpu() -> None
     latest[GPU_READS.index("gpu_util"), 0, 3] = 0.5  # one GPU's coarse reading
     node_idx, slot_idx = np.repeat(np.arange(nodes), slots), np.tile(np.arange(slots), nodes)
     view = SimpleNamespace(nodes=[f"n{i}" for i in range(nodes)],
-                           gpu_keys=[f"n{n}/{g}" for n, g in zip(node_idx, slot_idx)],
+                           gpu_keys=[f"n{n}/{g}" for n, g in zip(node_idx, slot_idx, strict=True)],
                            positions=lambda: (node_idx, slot_idx))
     gpu, node = _levels(view, latest, "tensor_active", 0.05)  # type: ignore[arg-type]
     idle = STATS.index("idle")
