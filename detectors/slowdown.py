@@ -38,6 +38,12 @@ a single node's host does shows on that node alone.
 node whose GPUs idle with no kernel (``gpu_util`` below the job's by
 ``IDLE_MARGIN``) while their peers wait in collectives; a node whose GPUs are
 slower to start than the rest. The data-loader node is named as the first.
+
+Where a job has nodes enough to compare one with its peers, the straggler test
+names such a node sooner (its idle time is a statistic of the node test: a
+host-bound straggler node, which then explains the slowdown); this finding is for
+what that cannot see: a job of two nodes, a node idle from the job's first bin, a
+slowdown spread over every node.
 """
 
 from __future__ import annotations
