@@ -498,13 +498,11 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
     busy, peer_busy = float(r.busy[i]), float(r.peer_busy[i])
     util, peer_util = float(r.util[i]), float(r.peer_util[i])
     work, peer_work = float(r.work[i]), float(r.peer_work[i])
-    # the readings the finding is told in must be in this bin: a sum holds through a
-    # bin without them (or one where the peers did no work to compare), its numbers
-    # do not
-    told_by_load = not (slow or idle) and basis is not None
-    readings = (busy, peer_busy) + ((util, peer_util) if idle and not slow else ()) + (
-        (work, peer_work) if told_by_load else ())
-    if not all(math.isfinite(v) for v in readings) or (told_by_load and peer_work <= 0):
+    # the finding is told in this bin's readings only where they compare with the
+    # peers' (the statistic that decided it is read this bin): a sum holds through a
+    # bin without a reading, or one whose peers are in another part of the step
+    # (their work near nothing), and that bin's numbers say nothing of its size
+    if not any(r.valid[STATS.index(d.metric), i] for d in devs):
         return _unread_finding(node, gpu, who, peers, bool(slow or idle), since, basis,
                                job_gpus)
     work_ratio = work / peer_work if basis is not None and peer_work > 0 else math.nan
@@ -556,7 +554,8 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                        summary, since, evidence, fire_after=1)
     share = work_ratio - 1.0
     memory_share = float(r.memory_ratio[i]) - 1.0
-    memory_work = memory_share > share + LOAD_FLOOR  # NaN (no DRAM reading): False
+    # NaN (no DRAM reading): False; inf (peers that moved no bytes): no share to tell
+    memory_work = math.isfinite(memory_share) and memory_share > share + LOAD_FLOOR
     evidence["share_above_peers"] = round(memory_share if memory_work else share, 4)
     evidence["share_basis"] = "dram_active" if memory_work else basis or "none"
     evidence.update(cost_fields(job_gpus, _load_cost(view, node, gpu, dev.first, busy - peer_busy),
@@ -597,7 +596,8 @@ def _load_cost(view: WindowView, node: str, gpu: str | None, first: int,
 def _unread_finding(node: str, gpu: str | None, who: str, peers: str, slow: bool,
                     since: float, basis: str | None, job_gpus: int) -> Finding:
     """A stream whose sums passed the threshold in earlier bins but that has no
-    reading in this one (a sample lost, an agent that polls less often than a bin):
+    reading in this one (a sample lost, an agent that polls less often than a bin),
+    or none that compares with its peers' (they are in another part of the step):
     its evidence holds, but this bin says nothing of its size. It is reported with
     its readings and its cost unknown (null), never with an older bin's numbers as
     news; the incident's cost stays what the bins with readings gave, and such a
