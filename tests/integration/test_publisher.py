@@ -114,7 +114,9 @@ def test_spool_takes_the_overflow_and_survives_a_restart_while_kafka_is_down(
         slowest = max(slowest, time.monotonic() - t0)
     assert not down.close(timeout=2)  # nothing could be sent
     assert down.dropped == 0 and down.published == 0
-    assert slowest < 0.05, "publish() blocked while spooling"
+    # blocked, it would wait on Kafka's timeouts (seconds); a loaded CI machine has
+    # delayed one non-blocking call by 65 ms, so the bound is not 50 ms
+    assert slowest < 0.5, "publish() blocked while spooling"
     spool = DiskSpool(tmp_path / "spool")
     assert len(spool) == 300  # failed sends went back to memory, then to disk
     up = BufferedPublisher(isolated_cfg.kafka_bootstrap, topic, capacity=20, spool=spool)
