@@ -57,13 +57,18 @@ class ClockOffsets:
         self.seen: dict[str, int] = state.get("seen", {})  # samples placed per node
         self.estimates: dict[str, int] = state.get("estimates", {})
         self.clock: float | None = state.get("clock")  # median of the latest raw ts
-        self.reference = self._reference()  # the median offset: a sane node's bias
-        self._since_vote = 0
+        # the median offset (a sane node's bias) and the samples since the clock was
+        # last voted: both taken at a vote, not from the offsets now, so they are
+        # checkpointed too (recomputed at a restore, they moved every correction
+        # until the next vote: a restored worker decided other than replay)
+        self.reference: float = state.get("reference", self._reference())
+        self._since_vote: int = state.get("since_vote", 0)
 
     def to_state(self) -> dict[str, Any]:
         """The offsets and what they rest on, for a checkpoint."""
         return {"latest": self.latest, "offset": self.offset, "seen": self.seen,
-                "estimates": self.estimates, "clock": self.clock}
+                "estimates": self.estimates, "clock": self.clock,
+                "reference": self.reference, "since_vote": self._since_vote}
 
     def place(self, sample: Sample) -> tuple[Sample, bool]:
         """The sample on the job's clock (the same dict when no correction applies),
