@@ -163,8 +163,9 @@ _UTIL = GPU_READS.index("gpu_util")
 MIN_WORK_SHARE = 0.02  # a share-type work counter whose peers read below this says nothing
 BASIS_WAIT_BINS = 8  # bins (40 s: a 30 s step and more) tensor work has to show up in
 MIN_BUSY = 0.05  # peers busier than this are compared (below: idle or a pause)
-# The two statistics, in log-ratio units. Their noise floors: a departure smaller than
-# one floor is never one noise unit (window phase and rounding make that much).
+# The statistics, in log-ratio units. Their noise floors: a departure smaller than
+# one floor is never one noise unit (window phase and rounding make that much; idle
+# time, a node's median GPU, as slowness: no kernel for 2.5 % of a window is noise).
 SLOWNESS_FLOOR = 0.025
 LOAD_FLOOR = 0.05
 CLOCK_FLOOR = 0.02
@@ -395,6 +396,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     basis, peers[node_idx] >= MIN_GPU_PEERS, phase_floor,
                     _memory_explains(own_per_work, own_per_memory_work),
                     _ratio(memory[at], node_memory[node_idx]), extra_processes,
+                    # one GPU's gpu_util is too coarse to compare (see the docstring)
                     util=(np.full(len(node_idx), np.nan),) * 2)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
