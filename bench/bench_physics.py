@@ -32,7 +32,8 @@ def _summary(t: Tally) -> dict[str, Any]:
     delays = [d for v in t.delays.values() for d in v]
     return {"labels": sum(t.labels.values()), "found": sum(t.found.values()),
             "delays": delays, "false": len(t.false_alarms),
-            "false_kinds": [f.split(": ", 1)[1].split(" ", 1)[0] for f in t.false_alarms]}
+            "false_kinds": {k: n - t.correct[k] for k, n in t.fired.items()
+                            if n > t.correct[k]}}
 
 
 SPLITS = ("tuning", "held-out", "fresh")
@@ -125,8 +126,10 @@ def main() -> int:
         rows = [r for (c, s), r in table.items() if s == split]
         healthy = [table[(c.name, split)] for c in classes if not c.effect]
         labels = sum(r["labels"] for r in rows)
-        kinds = Counter(k for _, seed, r in results if _split(seed) == split
-                        for k in r["vigil"]["false_kinds"])
+        kinds: Counter[str] = Counter()
+        for _, seed, r in results:
+            if _split(seed) == split:
+                kinds.update(r["vigil"]["false_kinds"])
         print(f"\n{split}: {sum(r['found'] for r in rows)}/{labels} faults found, "
               f"{sum(r['false'] for r in rows)} false alarms "
               f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) or 'none'}) "

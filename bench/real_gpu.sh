@@ -67,6 +67,7 @@ smi() { nvidia-smi -i 0 "$@" >> "$OUTDIR/smi-set.log" 2>&1; echo $?; }
 # the GPU's settings back as they were, however the run ends
 restore() {
   nvidia-smi -i 0 -rgc >/dev/null 2>&1; nvidia-smi -i 0 -rmc >/dev/null 2>&1
+  nvidia-smi -i 0 -rac >/dev/null 2>&1
   [ -n "${PDEF:-}" ] && nvidia-smi -i 0 -pl "${PDEF%.*}" >/dev/null 2>&1
   kill -CONT $TRAIN 2>/dev/null; kill $TRAIN 2>/dev/null
 }
@@ -82,13 +83,23 @@ run_throttled() {
   phase throttled "lock SM clocks 1410 MHz: rc $(smi -lgc 1410,1410)"; sleep "$P"
   phase settle "unlock SM clocks: rc $(smi -rgc)"; sleep $((P / 2))
 }
+memclock() { nvidia-smi -i 0 --query-gpu=clocks.mem --format=csv,noheader,nounits | tr -d ' '; }
 run_memory_clock() {
   # nvidia-smi answers rc 0 where the lock is not supported (an H100 wants the deferred
-  # lock, which needs a GPU reset): the clock read back says whether it took
-  local rc; rc=$(smi -lmc "${MCLK:-0}")
-  phase memory-clock "lock memory clock ${MCLK:-?} MHz: rc $rc, now $(nvidia-smi -i 0 \
-    --query-gpu=clocks.mem --format=csv,noheader,nounits) MHz"; sleep "$P"
-  phase settle "unlock memory clock: rc $(smi -rmc)"; sleep $((P / 2))
+  # lock, which needs a GPU reset): the clock read back says whether it took. Where it
+  # did not, application clocks (-ac memory,graphics: the highest graphics clock the
+  # GPU lists at that memory clock, so the SM clock stays where it was) are tried.
+  local rc how now gr
+  rc=$(smi -lmc "${MCLK:-0}"); how="-lmc ${MCLK:-?}: rc $rc"; now=$(memclock)
+  if [ "${now:-0}" != "${MCLK:-}" ] && [ -n "${MCLK:-}" ]; then
+    gr=$(nvidia-smi -i 0 --query-supported-clocks=mem,gr --format=csv,noheader,nounits \
+      | tr -d ' ' | awk -F, -v m="$MCLK" '$1 == m {print $2}' | sort -n | tail -1)
+    how="$how, read back $now MHz; -ac $MCLK,${gr:-?}: rc $(smi -ac "$MCLK,${gr:-0}")"
+    sleep 1; now=$(memclock)
+  fi
+  phase memory-clock "memory clock ${MCLK:-?} MHz ($how), now $now MHz"; sleep "$P"
+  phase settle "memory clock back: rc $(smi -rmc) $(smi -rac), now $(memclock) MHz"
+  sleep $((P / 2))
 }
 toggle() {  # phase name, signal, what
   phase "$1" "$3 ($2)"; kill -"$2" $TRAIN; sleep "$P"

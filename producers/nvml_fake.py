@@ -46,11 +46,14 @@ class _Handle:
 
 
 # CPU seconds per call on a real H100 (driver 580.159.04, a Firecracker VM), the
-# medians of `bench/real_gpu_check.py calls` over two runs of `bench/real_gpu.sh`,
-# 2026-11-26 (bench/RESULTS.md, "A real H100"); calls not listed cost under 40 µs
+# medians of `bench/real_gpu_check.py calls` over three runs of `bench/real_gpu.sh`,
+# 2026-11-26 (bench/RESULTS.md, "A real H100"); calls not listed cost under 40 µs.
+# nvmlGpmMetricsGet is the cost of the metrics the agent asks for: 1.74 ms with the
+# graphics-engine activity, which alone costs 1.45 ms and is no longer asked for.
 REAL_H100_CALL_COSTS: dict[str, float] = {
     "nvmlDeviceGetTotalEnergyConsumption": 3.32e-3,
-    "nvmlGpmMetricsGet": 1.74e-3,
+    "nvmlGpmMetricsGet": 14e-6,
+    "nvmlDeviceGetComputeRunningProcesses": 32e-6,
     "nvmlDeviceGetPcieReplayCounter": 0.47e-3,
     "nvmlGpmSampleGet": 0.17e-3,
     "nvmlDeviceGetCurrPcieLinkWidth": 0.13e-3,

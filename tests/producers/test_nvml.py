@@ -27,7 +27,9 @@ def test_hopper_reading_has_every_catalog_metric_in_contract_units() -> None:
     reading = source.read(1.0)
     assert sorted(reading.gpus, key=int) == ["0", "2", "4", "6", "11", "13", "15", "17"]
     gpu = reading.gpus["0"]
-    assert set(gpu) == set(GPU_METRICS)
+    # all but graphics-engine activity, which costs a real H100 1.45 ms a read and which
+    # gpu_util says already (producers/nvml.py)
+    assert set(gpu) == set(GPU_METRICS) - {"gr_engine_active"}
     expected = busy_training(0, 5.0)
     assert gpu["power"] == pytest.approx(expected["power"], abs=0.001)  # mW → W
     assert gpu["gpu_util"] == pytest.approx(0.99)  # percent → ratio
@@ -103,12 +105,13 @@ def test_power_is_the_energy_counters_mean_over_the_tick_and_remaps_are_read() -
     source = NvmlSource(fake, interval=2.0)  # a tick longer than the gauge's second
     first = source.read(10.0).gpus["0"]
     assert first["power"] == pytest.approx(400.0)  # first tick: the gauge
+    assert first["pcie_replay"] == 7.0  # the link is read at the first tick, then every 5 s
     clock["t"], watts["t"] = 12.0, 600.0  # the fake integrates 600 W over the 2 s
     fake._profile_cache.clear()
     second = source.read(12.0).gpus["0"]
     assert second["power"] == pytest.approx(600.0, rel=1e-3)  # ΔmJ / Δt, not the gauge
     assert second["row_remap_pending"] == 1.0 and second["row_remap_failure"] == 0.0
-    assert second["remapped_rows_uncorrectable"] == 2.0 and second["pcie_replay"] == 7.0
+    assert second["remapped_rows_uncorrectable"] == 2.0
     assert second["nvlink_total"] == pytest.approx(second["nvlink_tx"] + second["nvlink_rx"])
     fake.unsupported = {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetTotalEnergyConsumption"}
     clock["t"] = 13.0
@@ -139,3 +142,13 @@ def test_compute_processes_counts_every_context_on_the_gpu() -> None:
     fake.unsupported = {"nvmlDeviceGetComputeRunningProcesses"}
     source = NvmlSource(fake)
     assert "compute_processes" not in source.read(2.0).gpus["0"]  # absent, never 0
+
+
+def test_the_pcie_link_is_read_every_link_interval_not_every_tick() -> None:
+    """Its replay counter is the dearest call left on a real H100 (producers/nvml.py);
+    the link changes only with a fault, and the detectors hold a skipped reading."""
+    source = NvmlSource(FakeNvml(gpus=2), link_interval=5.0)
+    link = {"pcie_gen", "pcie_width", "pcie_replay"}
+    read = [t for t in range(12) if link <= set(source.read(float(t)).gpus["0"])]
+    assert read == [0, 5, 10]
+    assert all(not link & set(gpu) for gpu in source.read(12.0).gpus.values())

@@ -42,12 +42,15 @@ def _write_run(tmp: Path, power_scale: float) -> tuple[Path, Path, Path]:
             "jpg    ofa   mclk   pclk  rxpci  txpci",
             "#YYYYMMDD   HH:MM:SS    Idx      W      C      C      %      %      %      %      "
             "%      %    MHz    MHz   MB/s   MB/s"]
+    link: dict[str, dict[str, float]] = {}
     for t in range(20):
         clock[0] = float(t)
         sample = agent.tick()
         when = datetime.fromtimestamp(T0 + t)
         for minor, m in sample["gpus"].items():
             uuid = sample["meta"]["gpu_uuids"][minor]
+            # the agent reads the PCIe link every 5 s, nvidia-smi every row
+            m = link[minor] = {**link.get(minor, {}), **m}
             smi.append(f"{when:%Y/%m/%d %H:%M:%S}.{int((T0 + t) % 1 * 1000):03d}, {uuid}, "
                        f"{m['power'] * power_scale:.2f}, {m['sm_clock']:.0f}, "
                        f"{m['mem_clock']:.0f}, {m['temperature']:.0f}, "
