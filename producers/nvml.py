@@ -109,7 +109,6 @@ class NvmlSource:
         self.nvml = nvml
         self.link_interval = link_interval
         self._link_due = float("-inf")  # the PCIe link is read at the first tick
-        self._link_tick = True
         self.errors: Counter[str] = Counter()
         self.pcie_throughput = pcie_throughput  # blocks ~20 ms per call on real GPUs
         nvml.nvmlInit()
@@ -137,7 +136,6 @@ class NvmlSource:
         # lacks the cycle counters), less the cycle counters once the driver refuses them
         self.gpm_names = [name for name in GPM_METRICS if hasattr(nvml, name)]
         self._gpm_request: Any = None  # built for gpm_names, reused (``_gpm_metrics``)
-        self._gpm_request_names: list[str] = []
         for key, handle in self.devices.items():
             support = self.call("nvmlGpmQueryDeviceSupport", handle)
             if support is not None and bool(getattr(support, "isSupportedDevice", False)):
@@ -172,11 +170,11 @@ class NvmlSource:
     def read(self, now: float) -> Reading:
         """One tick: every device's metrics plus XID events seen since the last tick."""
         reading = Reading(meta=dict(self.meta))
-        self._link_tick = now >= self._link_due
-        if self._link_tick:
+        link = now >= self._link_due
+        if link:
             self._link_due = now + self.link_interval - 1e-6
         for key, handle in self.devices.items():
-            metrics = self._device(key, handle, now)
+            metrics = self._device(key, handle, now, link)
             if len(metrics) > 1:  # only "xid": the GPU stopped answering, so it is absent
                 reading.gpus[key] = metrics
         for key, xid in self._xid_events():
@@ -185,7 +183,8 @@ class NvmlSource:
             metrics["xid"] = float(self.pending.pop(key))
         return reading
 
-    def _device(self, key: str, h: Any, now: float) -> dict[str, float]:
+    def _device(self, key: str, h: Any, now: float, link: bool) -> dict[str, float]:
+        """One GPU's metrics; its PCIe link too where ``link`` (every ``link_interval``)."""
         n, out = self.nvml, {}
         util = self.call("nvmlDeviceGetUtilizationRates", h)
         if util is not None:
@@ -208,7 +207,7 @@ class NvmlSource:
         memory = self.call("nvmlDeviceGetMemoryInfo", h)
         if memory is not None:
             out["mem_used"] = float(memory.used)
-        if self._link_tick:
+        if link:
             out.update(self._pcie_link(h))
         processes = self.call("nvmlDeviceGetComputeRunningProcesses", h)
         if processes is not None:  # every context's: device counters sum them all
@@ -268,6 +267,7 @@ class NvmlSource:
             log.warning("the driver refuses GPM's cycle counters (metrics 248-250); reading "
                         "the other GPM metrics without them")
             self.gpm_names = [name for name in self.gpm_names if name not in GPM_CYCLE_METRICS]
+            self._gpm_request = None  # built again for the shorter list
             result = self._gpm_metrics(previous, current)
         self.call("nvmlGpmSampleFree", previous)
         self.gpm[key] = current
@@ -291,14 +291,14 @@ class NvmlSource:
         each time was half the source's own CPU (8 GPUs: 2.1 → 1.2 ms a tick)."""
         n = self.nvml
         request = self._gpm_request
-        if request is None or self._gpm_request_names != self.gpm_names:
+        if request is None:
             request = n.c_nvmlGpmMetricsGet_t()
             request.version = n.NVML_GPM_METRICS_GET_VERSION
             request.numMetrics = len(self.gpm_names)
             metrics = request.metrics
             for i, name in enumerate(self.gpm_names):
                 metrics[i].metricId = getattr(n, name)
-            self._gpm_request, self._gpm_request_names = request, list(self.gpm_names)
+            self._gpm_request = request
         request.sample1, request.sample2 = sample1, sample2
         return self.call("nvmlGpmMetricsGet", request)
 
