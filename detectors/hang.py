@@ -1,17 +1,29 @@
-"""Job hangs: every GPU stopped making progress while still "busy".
+"""Job hangs: every GPU stopped making progress while a kernel stays resident.
 
-A job stuck in a collective keeps one NCCL kernel spinning on a handful of SMs:
-NVML utilisation reads 100 %, SM activity about 1/SM-count, memory stays
-allocated and NVLink/InfiniBand carry nothing. A checkpoint or evaluation pause
-differs: utilisation drops (no kernel running) or SM activity stays well above
-the spin level. A hang is declared when that signature covers nearly all GPUs
-for ``seconds`` of consecutive bins.
+A job stuck in a collective keeps NCCL's kernel spinning: NVML utilisation reads
+100 % (a kernel is resident), yet no tensor work is done, no DRAM bytes move for the
+step and NVLink and InfiniBand carry nothing. How many SMs the spin holds is not a
+constant: a spinning NCCL kernel holds one SM per channel (NVIDIA/nccl#1656), and
+jobs run from 2 channels (NVLS/SHARP) to 32 (H100 jobs log "24 coll channels",
+NVIDIA/nccl#1781), so ``sm_active`` reads anything from 0.015 to 0.24 (NCCL's
+ceiling, 64 channels, is 0.48 of an H100). The test therefore reads *progress*, not
+the SM level:
 
-A job whose other GPUs wait in the collective for one that still computes (a hot
-MoE expert, a straggler, in a step of up to 30 s) shows the same signature on
+- a GPU makes no progress in a bin when a kernel is resident (``gpu_util`` above
+  one half), its memory is still allocated, and its tensor and DRAM activity are
+  both under 1 % of cycles (``NO_WORK``: a training step keeps them at tens of
+  percent; a spinning kernel polls one flag); its SM activity is at most what
+  NCCL's most channels hold (``MAX_SPIN_SM``, with room for noise): a GPU that keeps more than that
+  resident runs something else;
+- the job is hung in a bin when ``SHARE`` of its reporting GPUs make no progress
+  and its median NVLink and InfiniBand traffic are below what any collective moves.
+
+A checkpoint or an evaluation pause differs: utilisation drops (no kernel) or work
+goes on. A job whose other GPUs wait in the collective for one that still computes
+(a hot MoE expert, a straggler, in a step of up to 30 s) shows the signature on
 nearly all of its GPUs, but it is waiting, not stuck: while a GPU of the job still
-computes in the newest bin, the signature must last ``waiting_seconds`` before it is
-a hang (a rank stuck computing forever is one too, found later).
+does work in the newest bin, the signature must last ``waiting_seconds`` before it
+is a hang (a rank stuck computing forever is one too, found later).
 """
 
 from __future__ import annotations
@@ -21,43 +33,53 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors.findings import Finding, fmt
-from detectors.robust import nanmedian
+from detectors.robust import Array, nanmedian
 from detectors.window import WindowView
 
-SPIN_SM_ACTIVE = 0.03  # at most a few SMs busy
-SPIN_UTIL = 0.5  # yet a kernel is resident most of the time
+SPIN_UTIL = 0.5  # a kernel is resident most of the time
+MAX_SPIN_SM = 0.6  # NCCL's most channels (64) hold 0.48 of an H100's SMs, 0.59 of an A100's
+NO_WORK = 0.01  # tensor or DRAM activity: under 1 % of cycles is no progress
 QUIET_NVLINK = 1e9  # bytes/s
 QUIET_IB = 1e8  # bytes/s
 ALLOCATED = 1 << 30  # bytes of device memory still held
 SHARE = 0.9  # of the job's GPUs
-COMPUTING_SM_ACTIVE = 0.2  # a GPU this active over a bin still runs the step's kernels
-GPU_READS = ("sm_active", "tensor_active", "gpu_util", "mem_used", "nvlink_tx")
+WORK = ("tensor_active", "dram_active")
+GPU_READS = ("sm_active", "tensor_active", "dram_active", "gpu_util", "mem_used", "nvlink_tx")
 NIC_READS = ("ib_tx",)
 
 
 @dataclass(frozen=True)
 class HangParams:
-    """How long the signature must last: when no GPU computes, and while one does."""
+    """How long the signature must last: when no GPU works, and while one does."""
 
     seconds: float = 10.0
     waiting_seconds: float = 60.0
 
 
+def _working(view: WindowView, last: int) -> Array:
+    """(GPUs × the ``last`` bins): True where a GPU does work (tensor or DRAM activity
+    above ``NO_WORK``), False where it does none or has no such reading."""
+    out = np.zeros((len(view.gpus), last), dtype=bool)
+    for metric in WORK:
+        with np.errstate(invalid="ignore"):
+            out |= view.gpu(metric)[:, -last:] > NO_WORK
+    return out
+
+
 def hung_bins(view: WindowView, last: int) -> np.ndarray:
-    """Boolean per bin of the ``last`` bins: the job shows the hang signature (each
-    bin is judged on its own, so the older bins are looked at only when the newest
-    all show it)."""
-    sm, util = view.activity()[:, -last:], view.gpu("gpu_util")[:, -last:]
+    """Boolean per bin of the ``last`` bins: the job shows the hang signature."""
+    sm, util = view.gpu("sm_active")[:, -last:], view.gpu("gpu_util")[:, -last:]
     mem, nvl = view.gpu("mem_used")[:, -last:], view.gpu("nvlink_tx")[:, -last:]
-    # a GPU counts where both signature readings exist: one whose utilisation reading is
-    # missing in a bin (a lost sample, a hold that ran out) neither confirms nor vetoes
-    reporting = ~np.isnan(sm) & ~np.isnan(util)
+    # a GPU counts where the utilisation reading exists: one whose reading is missing
+    # in a bin (a lost sample, a hold that ran out) neither confirms nor vetoes
+    reporting = ~np.isnan(util)
     with np.errstate(invalid="ignore"):
-        spinning = (sm < SPIN_SM_ACTIVE) & (util > SPIN_UTIL) & ~(mem < ALLOCATED)
+        stuck = ((util > SPIN_UTIL) & ~(mem < ALLOCATED) & ~(sm > MAX_SPIN_SM)
+                 & ~_working(view, last))
     count = np.sum(reporting, axis=0)
-    share = np.where(count > 0, np.sum(spinning & reporting, axis=0) / np.maximum(count, 1), 0)
+    share = np.where(count > 0, np.sum(stuck & reporting, axis=0) / np.maximum(count, 1), 0)
     quiet_nvl = ~(nanmedian(nvl, axis=0) > QUIET_NVLINK)
-    ib = view.nic("ib_tx")[:, -last:] if view.nics else np.full((1, sm.shape[1]), np.nan)
+    ib = view.nic("ib_tx")[:, -last:] if view.nics else np.full((1, last), np.nan)
     quiet_ib = ~(nanmedian(ib, axis=0) > QUIET_IB)
     return np.asarray((share >= SHARE) & quiet_nvl & quiet_ib & (count >= 2))
 
@@ -67,16 +89,10 @@ def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
     need = max(1, int(np.ceil(p.seconds / view.bin_seconds)))
     if len(view.bins) < need or not view.gpus:
         return []
-    with np.errstate(invalid="ignore"):
-        idle = view.activity()[:, -need:] < SPIN_SM_ACTIVE
-    if not idle.any(axis=0).all():  # the usual step: a bin where no GPU spins
-        return []
     if not hung_bins(view, need).all():
         return []
     hung = hung_bins(view, len(view.bins))
-    with np.errstate(invalid="ignore"):
-        computing = bool((view.activity()[:, -1] >= COMPUTING_SM_ACTIVE).any())
-    if computing:  # the others wait for it: a long step, until it lasts
+    if bool(_working(view, 1).any()):  # the others wait for it: a long step, until it lasts
         need = max(need, int(np.ceil(p.waiting_seconds / view.bin_seconds)))
         if len(hung) < need or not hung[-need:].all():
             return []
@@ -84,13 +100,16 @@ def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
     while run < len(hung) and hung[-run - 1]:
         run += 1
     since = view.bin_start(0, run)
-    sm = float(np.nanmedian(view.activity()[:, -need:]))
+    sm = float(np.nanmedian(view.gpu("sm_active")[:, -need:])) \
+        if not np.isnan(view.gpu("sm_active")[:, -need:]).all() else float("nan")
     util = float(np.nanmedian(view.gpu("gpu_util")[:, -need:]))
-    summary = (f"Job appears hung: all {len(view.gpus)} GPUs spin at SM activity "
-               f"{fmt(sm, 'ratio')} with utilisation {fmt(util, 'ratio')} and no NVLink or "
-               f"InfiniBand traffic for {run * view.bin_seconds:.0f}s (a stuck collective).")
+    summary = (f"Job appears hung: all {len(view.gpus)} GPUs keep a kernel resident "
+               f"(utilisation {fmt(util, 'ratio')}, SM activity {fmt(sm, 'ratio')}) with no "
+               f"tensor or memory work and no NVLink or InfiniBand traffic for "
+               f"{run * view.bin_seconds:.0f}s (a stuck collective).")
     return [Finding("hang", None, None, "critical", ("sm_active", "gpu_util", "nvlink_tx", "ib_tx"),
                     float(run * view.bin_seconds), summary, since,
-                    {"sm_active_median": round(sm, 4), "gpu_util_median": round(util, 4),
+                    {"sm_active_median": None if np.isnan(sm) else round(sm, 4),
+                     "gpu_util_median": round(util, 4),
                      "gpus": len(view.gpus), "hung_seconds": run * view.bin_seconds},
                     fire_after=1)]

@@ -79,6 +79,32 @@ def test_hang_is_job_level_and_critical() -> None:
     assert 0 < dets[0]["detected_at"] - fault.start <= 30 and dets[0]["severity"] == "critical"
 
 
+@pytest.mark.parametrize("channels", [2, 8, 24, 32, 64])
+def test_a_hang_is_found_within_20_s_whatever_the_nccl_channel_count(channels: int) -> None:
+    """A spinning NCCL kernel holds one SM per channel (NVIDIA/nccl#1656): a hung job
+    reads sm_active channels/132 (0.015 to 0.48), utilisation 100 %, no work."""
+    _, samples, fault = _run("hang", duration=120)
+    for s in samples:
+        if s["ts"] >= fault.start:
+            for g, gpu in s["gpus"].items():
+                gpu.update(sm_active=channels / 132 * (0.97 + 0.01 * int(g)), gpu_util=1.0)
+    runner = ReplayRunner(DetectConfig())
+    hangs = [d for s in samples for d in runner.feed(s) if d["kind"] == "hang"]
+    assert hangs and 0 < hangs[0]["detected_at"] - fault.start <= 20
+
+
+def test_gpus_doing_tensor_work_are_not_hung_at_any_sm_level() -> None:
+    """The no-progress test reads work: a job whose GPUs read the spin's SM level yet
+    still do tensor work (a small kernel, a low-occupancy phase) is not hung."""
+    _, samples, fault = _run("hang", duration=120)
+    for s in samples:
+        if s["ts"] >= fault.start:
+            for gpu in s["gpus"].values():
+                gpu.update(sm_active=0.2, gpu_util=1.0, tensor_active=0.05)
+    runner = ReplayRunner(DetectConfig())
+    assert not [d for s in samples for d in runner.feed(s) if d["kind"] == "hang"]
+
+
 def test_a_gpu_missing_its_utilisation_reading_does_not_veto_a_hang() -> None:
     """One node never reports gpu_util (its readings lost, or longer gaps than the
     hold covers): its GPUs neither confirm nor veto the signature."""
