@@ -17,9 +17,10 @@ from typing import Any
 from contracts.codec import DETECTION_KINDS
 from contracts.config import DetectConfig
 from contracts.messages import Detection, Sample
-from detectors import cost, hang, links, network, slowdown, straggler
+from detectors import cost, hang, links, network, slowdown, straggler, synchrony
 from detectors.clocks import ClockOffsets
 from detectors.findings import Finding
+from detectors.grouping import group_by_node
 from detectors.hang import HangParams, find_hang
 from detectors.health import HealthMonitor, HealthParams
 from detectors.held import HeldReadings
@@ -30,7 +31,7 @@ from detectors.straggler import StragglerParams, find_stragglers
 from detectors.window import ALL_GPU_METRICS, ALL_NIC_METRICS, JobWindow, WindowView
 
 # Only what some window detector reads is windowed (in catalog order).
-_DETECTORS = (cost, hang, links, network, slowdown, straggler)
+_DETECTORS = (cost, hang, links, network, slowdown, straggler, synchrony)
 WINDOW_GPU = tuple(m for m in ALL_GPU_METRICS if any(m in d.GPU_READS for d in _DETECTORS))
 WINDOW_NIC = tuple(m for m in ALL_NIC_METRICS if any(m in d.NIC_READS for d in _DETECTORS))
 EVALUATED_KINDS = set(DETECTION_KINDS)  # every kind is re-evaluated at each step
@@ -55,6 +56,8 @@ class JobEngine:
         self.peer_memory: dict[str, Any] = state.get("peer_memory", {})
         self.cost_memory: dict[str, Any] = state.get("cost", {})
         self.slowdown_memory: dict[str, Any] = state.get("slowdown", {})
+        self.sync_memory: dict[str, Any] = state.get("synchrony", {})
+        self.hang_memory: dict[str, Any] = state.get("hang", {})
         self.clocks = ClockOffsets(state.get("clocks"))
         self.max_ts: float | None = state.get("max_ts")
         self.next_bin: int | None = state.get("next_bin")
@@ -73,6 +76,7 @@ class JobEngine:
                 "health": self.health.to_state(),
                 "peer_memory": straggler.memory_state(self.peer_memory),
                 "cost": self.cost_memory, "slowdown": self.slowdown_memory,
+                "synchrony": self.sync_memory, "hang": self.hang_memory,
                 "clocks": self.clocks.to_state(),
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 
@@ -95,6 +99,9 @@ class JobEngine:
             self.health.heard(sample, alive_at, placed)
             return []
         self.window.add(sample, self.held)
+        said = synchrony.declared(sample.get("meta"))
+        if said is not None:
+            self.sync_memory["declared"] = said
         if established:
             self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts,
                                                                        sample["ts"])
@@ -154,13 +161,21 @@ class JobEngine:
         now = (last_bin + 1) * self.cfg.bin_seconds
         view = WindowView(self.window, bins)
         health, silent = self.health.evaluate(now)
-        hung = find_hang(view, self.hang_params)
+        # barrier-based rules only where the job's GPUs (nodes) wait for each other
+        sync = synchrony.judge(view, self.sync_memory)
+        nodes_together = sync.nodes or (sync.gpus and len(view.nodes) == 1)
+        hang.learn_levels(view, self.hang_memory)
+        hung = find_hang(view, self.hang_params, self.hang_memory) if sync.gpus else []
         found = [*health, *silent, *hung, *find_link_faults(view, self.link_params),
                  *find_network_bound(view, self.network_params, bool(
                      self.tracker.conditions.get("network_bound||", {}).get("firing")))]
-        if not hung:  # a hung job's GPUs are idle together: no one is out of step
-            found.extend(find_stragglers(view, self.stragglers, self.peer_memory))
-        found.extend(slowdown.find_slowdown(view, found, self.slowdown_memory))
+        clock_faults = self.health.clock_faults()
+        if not hung and sync.gpus:  # a hung job's GPUs are idle together: none out of step
+            found.extend(find_stragglers(view, self.stragglers, self.peer_memory, clock_faults,
+                                         nodes_together))
+        found = group_by_node(found, clock_faults, view.gpus_per_node())
+        if nodes_together:
+            found.extend(slowdown.find_slowdown(view, found, self.slowdown_memory))
         cost.annotate(view, found, self.cost_memory, set(self.tracker.conditions))
         return found
 

@@ -11,8 +11,10 @@ the SM level:
 
 - a GPU makes no progress in a bin when a kernel is resident (``gpu_util`` above
   one half), its memory is still allocated, and its tensor and DRAM activity are
-  both under 1 % of cycles (``NO_WORK``: a training step keeps them at tens of
-  percent; a spinning kernel polls one flag); its SM activity is at most what
+  both below a tenth of the job's own working level (``NO_WORK_SHARE`` of the
+  highest median GPU reading the job has shown, learned from its healthy bins: a
+  training step keeps them at tens of percent, a spinning kernel polls a flag and
+  moves about 1 % of DRAM cycles); its SM activity is at most what
   NCCL's most channels hold (``MAX_SPIN_SM``, with room for noise): a GPU that keeps more than that
   resident runs something else;
 - the job is hung in a bin when ``SHARE`` of its reporting GPUs make no progress
@@ -29,16 +31,20 @@ is a hang (a rank stuck computing forever is one too, found later).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from detectors.findings import Finding, fmt
-from detectors.robust import Array, nanmedian
+from detectors.robust import nanmedian
 from detectors.window import WindowView
 
 SPIN_UTIL = 0.5  # a kernel is resident most of the time
 MAX_SPIN_SM = 0.6  # NCCL's most channels (64) hold 0.48 of an H100's SMs, 0.59 of an A100's
-NO_WORK = 0.01  # tensor or DRAM activity: under 1 % of cycles is no progress
+NO_WORK_SHARE = 0.1  # of the job's working level: no progress
+NO_WORK_LEAST = 0.005  # ... and this share of cycles at least (a job with little such work)
+NO_WORK_UNLEARNED = 0.02  # before the job was seen working
 QUIET_NVLINK = 1e9  # bytes/s
 QUIET_IB = 1e8  # bytes/s
 ALLOCATED = 1 << 30  # bytes of device memory still held
@@ -56,17 +62,31 @@ class HangParams:
     waiting_seconds: float = 60.0
 
 
-def _working(view: WindowView, last: int) -> Array:
-    """(GPUs × the ``last`` bins): True where a GPU does work (tensor or DRAM activity
-    above ``NO_WORK``), False where it does none or has no such reading."""
-    out = np.zeros((len(view.gpus), last), dtype=bool)
+def learn_levels(view: WindowView, memory: dict[str, Any]) -> None:
+    """Raise the job's working level of each work counter to the newest bin's median
+    GPU where it is higher (``memory``: engine state)."""
+    levels = memory.setdefault("levels", {})
     for metric in WORK:
+        newest = view.gpu(metric)[:, -1]
+        if not np.isnan(newest).all():
+            levels[metric] = max(float(levels.get(metric, 0.0)),
+                                 float(nanmedian(newest, axis=0)))
+
+
+def _working(view: WindowView, last: int, memory: dict[str, Any]) -> NDArray[np.bool_]:
+    """(GPUs × the ``last`` bins): True where a GPU does work (tensor or DRAM activity
+    above the no-progress ceiling), False where it does none or has no such reading."""
+    out = np.zeros((len(view.gpus), last), dtype=bool)
+    levels = memory.get("levels", {})
+    for metric in WORK:
+        level = levels.get(metric)
+        ceiling = NO_WORK_UNLEARNED if not level else max(NO_WORK_LEAST, NO_WORK_SHARE * level)
         with np.errstate(invalid="ignore"):
-            out |= view.gpu(metric)[:, -last:] > NO_WORK
+            out |= view.gpu(metric)[:, -last:] > ceiling
     return out
 
 
-def hung_bins(view: WindowView, last: int) -> np.ndarray:
+def hung_bins(view: WindowView, last: int, memory: dict[str, Any]) -> np.ndarray:
     """Boolean per bin of the ``last`` bins: the job shows the hang signature."""
     sm, util = view.gpu("sm_active")[:, -last:], view.gpu("gpu_util")[:, -last:]
     mem, nvl = view.gpu("mem_used")[:, -last:], view.gpu("nvlink_tx")[:, -last:]
@@ -75,7 +95,7 @@ def hung_bins(view: WindowView, last: int) -> np.ndarray:
     reporting = ~np.isnan(util)
     with np.errstate(invalid="ignore"):
         stuck = ((util > SPIN_UTIL) & ~(mem < ALLOCATED) & ~(sm > MAX_SPIN_SM)
-                 & ~_working(view, last))
+                 & ~_working(view, last, memory))
     count = np.sum(reporting, axis=0)
     share = np.where(count > 0, np.sum(stuck & reporting, axis=0) / np.maximum(count, 1), 0)
     quiet_nvl = ~(nanmedian(nvl, axis=0) > QUIET_NVLINK)
@@ -84,15 +104,16 @@ def hung_bins(view: WindowView, last: int) -> np.ndarray:
     return np.asarray((share >= SHARE) & quiet_nvl & quiet_ib & (count >= 2))
 
 
-def find_hang(view: WindowView, p: HangParams) -> list[Finding]:
-    """A job-level finding when the latest bins all show the hang signature."""
+def find_hang(view: WindowView, p: HangParams, memory: dict[str, Any]) -> list[Finding]:
+    """A job-level finding when the latest bins all show the hang signature
+    (``memory``: the job's working levels, engine state)."""
     need = max(1, int(np.ceil(p.seconds / view.bin_seconds)))
     if len(view.bins) < need or not view.gpus:
         return []
-    if not hung_bins(view, need).all():
+    if not hung_bins(view, need, memory).all():
         return []
-    hung = hung_bins(view, len(view.bins))
-    if bool(_working(view, 1).any()):  # the others wait for it: a long step, until it lasts
+    hung = hung_bins(view, len(view.bins), memory)
+    if bool(_working(view, 1, memory).any()):  # the others wait for it: a long step, until it lasts
         need = max(need, int(np.ceil(p.waiting_seconds / view.bin_seconds)))
         if len(hung) < need or not hung[-need:].all():
             return []

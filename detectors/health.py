@@ -242,6 +242,12 @@ class HealthMonitor:
                        f"GPU {gpu} on {node}: {ev['text']}.", ev["ts"],
                        {k: v for k, v in ev.items() if k != "text"}, fire_after=1)
 
+    def clock_faults(self) -> dict[str, int]:
+        """``"node/gpu"`` → the fault bits (HW slowdown, thermal, power brake; not the
+        power cap) of the GPUs whose latest clock-event reasons name one."""
+        return {k: int(g.get("thr_bits") or 0) for k, g in self.gpus.items()
+                if g["thr"] is not None}
+
     def evaluate(self, now: float) -> tuple[list[Finding], list[Finding]]:
         """(gpu_health, node_silent) findings at event time ``now``."""
         p = self.p

@@ -125,6 +125,7 @@ down or a clock-event flag is up it cannot be told from more work: it carries
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -230,9 +231,18 @@ class _Readings:
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
-                    memory: dict[str, Any]) -> list[Finding]:
+                    memory: dict[str, Any],
+                    clock_faults: Collection[str] = frozenset(),
+                    compare_nodes: bool = True) -> list[Finding]:
     """Straggler and load-imbalance findings, GPU and node level, for the view's
     latest bin.
+
+    ``clock_faults``: the ``"node/gpu"`` keys whose clock-event reasons name a fault
+    (HW slowdown, thermal, power brake) in the latest sample: there a lower clock is
+    evidence whatever the GPU's work; elsewhere only where its work is not above its
+    peers' (a GPU doing more work under the board's power cap runs a lower clock).
+    ``compare_nodes``: whether the job's nodes wait for each other
+    (``detectors/synchrony.py``); where not, only GPUs of one node are compared.
 
     ``memory`` holds each stream's sums and offsets, the noise estimates, the job's
     recent level and its work basis; it is updated in place and is part of the
@@ -252,7 +262,8 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     # a node whose window caught another part of the step (its median GPU below the
     # phase floor: the collective's spinning kernel, no tensor work) compares nothing
     phase_floor = max(MIN_BUSY, TYPICAL_FLOOR * float(memory.get("level", 0.0)))
-    gpu_level, node_level = _levels(view, latest, basis, phase_floor)
+    gpu_level, node_level = _levels(view, latest, basis, phase_floor, clock_faults,
+                                    compare_nodes)
     learned = memory.setdefault("streams", {})
     for level in ("node", "gpu"):
         learned[level] = StreamTable.load(learned.get(level))
@@ -360,7 +371,8 @@ def _work(latest: Array, basis: str | None) -> Array:
     return rate if clock is None else rate * latest[GPU_READS.index(clock)]
 
 
-def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: float
+def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: float,
+            clock_faults: Collection[str] = frozenset(), compare_nodes: bool = True
             ) -> tuple[_Readings, _Readings]:
     """Each GPU against the GPUs of its node; each node's median GPU against the
     job's nodes. Peers whose median busy time is below ``phase_floor`` are in another
@@ -388,6 +400,10 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     with np.errstate(invalid="ignore"):  # inf - inf where a GPU read no work: NaN
         own_per_work = per_work[at] - node_per_work[node_idx]
         own_per_memory_work = per_memory_work[at] - node_per_memory_work[node_idx]
+    gpu_fault = np.array([key in clock_faults for key in view.gpu_keys], dtype=bool)
+    # a node's clock is its median GPU's: a fault there when half its GPUs have one
+    faulted = np.bincount(node_idx, weights=gpu_fault, minlength=len(view.nodes))
+    node_fault = (faulted > 0) & (faulted >= np.bincount(node_idx, minlength=len(view.nodes)) / 2)
     processes = latest[_PROCESSES]
     extra_processes = (np.full(len(node_idx), np.nan) if np.isnan(processes).all()
                        else processes[at] - nanmedian(processes, axis=1)[node_idx])
@@ -397,7 +413,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     _memory_explains(own_per_work, own_per_memory_work),
                     _ratio(memory[at], node_memory[node_idx]), extra_processes,
                     # one GPU's gpu_util is too coarse to compare (see the docstring)
-                    util=(np.full(len(node_idx), np.nan),) * 2)
+                    util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
                      node_memory, node_util)]
@@ -406,11 +422,12 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
                      np.full(n, job[1]), node_clock, np.full(n, job[2]),
                      node_slowness, basis,
-                     np.full(n, int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS),
+                     np.full(n, compare_nodes
+                             and int((~np.isnan(node_busy)).sum()) >= MIN_NODE_PEERS),
                      phase_floor,
                      _memory_explains(node_slowness, _minus(node_per_memory_work, job[4])),
                      _ratio(node_memory, job[5]), np.full(n, np.nan),
-                     util=(node_util, np.full(n, job[6])))
+                     util=(node_util, np.full(n, job[6])), clock_fault=node_fault)
     return gpu, node
 
 
@@ -441,13 +458,24 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
               clock: Array, peer_clock: Array, per_work: Array, basis: str | None,
               enough: NDArray[np.bool_], phase_floor: float,
               memory_explained: NDArray[np.bool_], memory_ratio: Array,
-              extra_processes: Array, util: tuple[Array, Array]) -> _Readings:
+              extra_processes: Array, util: tuple[Array, Array],
+              clock_fault: NDArray[np.bool_] | None = None) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
     slowness may not count for a fault, and the bytes moved are the load's work;
     ``memory_ratio``: bytes moved a second over the peers'; ``util``: the streams'
-    ``gpu_util`` and their peers')."""
+    ``gpu_util`` and their peers'; ``clock_fault``: where the clock-event reasons
+    name a fault).
+
+    Under the board's power limit the driver trades clock for power, so a stream
+    doing more work than its peers runs a lower clock without any fault. Unless
+    its clock-event reasons name a fault, the part of its clock deficit that its
+    work excess can explain (at most that excess: the power drawn grows no faster
+    than the work rate, and the clock it costs at least linearly) is load: it is
+    taken out of the clock statistic and out of the slowness (busy time per unit
+    of work rises as the clock falls). A clock far below what its extra work could
+    cost still counts."""
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.log(busy / peer_busy)
         # more memory-bound work is more work: where it explains the busy time, the
@@ -460,11 +488,17 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # busier beyond what a window's phase makes: a GPU as busy as its peers
         # (+0.2 %) that does less work is a cold expert, not holding anyone back
         busier = x > SLOWNESS_FLOOR
+        fault = np.zeros(x.shape, dtype=bool) if clock_fault is None else clock_fault
+        # the clock the power cap takes for more work: at most the work excess (power
+        # grows no faster than the work rate, the clock at least linearly in power)
+        capped = np.where(~fault & (y > 0), np.fmin(np.fmax(lower_clock, 0.0), y), 0.0)
+        capped = np.nan_to_num(capped, nan=0.0)
+        lower_clock = lower_clock - capped
     compared = enough & (peer_busy >= phase_floor) & (busy > 0)
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)
     else:
-        slowness, load = per_work, np.fmin(x, y)
+        slowness, load = per_work - capped, np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
     stats = np.stack([slowness, load, lower_clock, idle])
     valid = compared[None, :] & np.isfinite(stats)  # a zero reading: no ratio to take

@@ -581,6 +581,11 @@ class WindowView:
         """Each GPU's (node index, slot) in ``per_node`` arrays, in ``gpus`` order."""
         return self._node_idx, self._slot_idx
 
+    def gpus_per_node(self) -> dict[str, int]:
+        """How many GPUs each node has in the view."""
+        counts = np.bincount(self._node_idx, minlength=len(self.nodes))
+        return dict(zip(self.nodes, counts.tolist(), strict=True))
+
     def gpu_at(self, node_index: int, slot: int) -> Entity:
         """The (node, gpu) entity at a position of ``per_node`` arrays."""
         mask = (self._node_idx == node_index) & (self._slot_idx == slot)

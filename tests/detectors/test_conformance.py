@@ -42,7 +42,7 @@ def _straggler_in_sequence(window: JobWindow, bins: range) -> list[Finding]:
 
 DETECTORS: dict[str, Callable[[JobWindow, range], list[Finding]]] = {
     "straggler": _straggler_in_sequence,
-    "hang": lambda w, b: find_hang(WindowView(w, b), HangParams()),
+    "hang": lambda w, b: find_hang(WindowView(w, b), HangParams(), {}),
     "links": lambda w, b: find_link_faults(WindowView(w, b), LinkParams()),
     "network": lambda w, b: find_network_bound(WindowView(w, b), NetworkParams()),
 }

@@ -159,3 +159,19 @@ def test_a_load_finding_in_a_bin_without_work_to_compare_holds_with_its_share_un
     assert all(math.isfinite(v) for v in numbers)
     assert [f for f in load if f.evidence.get("unread")
             and f.evidence["share_above_peers"] is None]
+
+
+@pytest.mark.parametrize("start", [0.0, 200.0])
+def test_a_hot_expert_clocked_down_by_the_power_cap_is_load_not_a_straggler(start: float) -> None:
+    """Under the board's power limit the driver trades clock for power: the GPU doing
+    more work draws more and runs a lower clock, with only the SW power cap reason
+    (0x4) up. Its clock deficit is load, never a straggler (issue #45)."""
+    job = _moe(moe_fixed_hot=1, moe_amplitude=0.3)
+    probe = Simulator(Cluster([job]), T0, seed=6)
+    list(probe.samples(2))
+    hot = int(probe._drawn[("moe", "fixed-hot")])
+    node, gpu = f"n{hot // 8}", str(hot % 8)
+    capped = Fault("slow_gpu", "moe", node, gpu, T0 + start, severity=1.04)  # 0x4, clock -4 %
+    fired = _firing(Cluster([job], [capped]), 500, 6)
+    assert not [d for d in fired if d["kind"] == "straggler"], fired
+    assert [d for d in fired if d["kind"] == "load_imbalance" and d["node"] == node]
