@@ -31,11 +31,17 @@ from typing import Any
 
 from contracts import SAMPLE_SCHEMA
 from contracts.messages import Sample
+from simulator.envelope import Envelope, capped_clock
 from simulator.physics import (
+    COMMUNICATING_WATTS,
+    IDLE_WATTS,
     NOMINAL_MEM_CLOCK,
     NOMINAL_SM_CLOCK,
+    SM_WHILE_WAITING,
+    WAITING_WATTS,
     GpuPhases,
     Speed,
+    computing_watts,
     counters,
     phase_shares,
 )
@@ -44,9 +50,18 @@ GPUS_PER_NODE = 8
 GIB = float(1 << 30)
 NVLINK_PEAK = 300e9  # bytes/s one GPU moves at full all-reduce speed
 IB_PEAK = 50e9  # bytes/s of a 400 Gb/s port
-# NVML clocks-event reasons used by the faults below.
+# NVML clocks-event reasons (nvmlClocksEventReasons) the driver and the faults set.
 THROTTLE_SW_POWER_CAP = 0x4
+THROTTLE_HW_SLOWDOWN = 0x8
+THROTTLE_SW_THERMAL = 0x20
 THROTTLE_HW_THERMAL = 0x40
+THROTTLE_HW_POWER_BRAKE = 0x80
+POWER_CONTROL_SECONDS = 1.0  # the driver's power capping holds the draw over about this
+NOMINAL_COMPUTING_WATTS = 500.0  # what computing adds to idle at nominal (physics.py)
+STALE_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "fp16_active", "fp32_active",
+                "fp64_active", "dram_active")
+JOB_KINDS = ("data_parallel", "dp_overlap", "fsdp", "tensor_parallel", "pipeline",
+             "pipeline_1f1b", "moe", "async_replicas")
 
 # fault kind → detection kinds that correctly report it (the first is its own kind)
 FAULT_KINDS: dict[str, tuple[str, ...]] = {
@@ -68,9 +83,12 @@ FAULT_KINDS: dict[str, tuple[str, ...]] = {
     # longer, so no GPU is a straggler; the job's slowdown names the node
     "slow_host": ("slowdown", "straggler"),
     "thermal_creep": ("gpu_health", "straggler"),  # slows by `severity` over 10 min
+    # the board's HW power brake (an external signal, e.g. the PSU): every GPU of the
+    # node clocked down together, 0x80 set on each: one fault of the node
+    "power_brake": ("gpu_health", "straggler"),
 }
 JOB_LEVEL_FAULTS = {"hang", "network_phase"}
-NODE_LEVEL_FAULTS = {"slow_node", "nic_degraded", "node_silent", "slow_host"}
+NODE_LEVEL_FAULTS = {"slow_node", "nic_degraded", "node_silent", "slow_host", "power_brake"}
 CREEP_SECONDS = 600.0  # thermal_creep reaches its full slowdown after this long
 
 
@@ -102,11 +120,33 @@ class Event:
 
 @dataclass
 class JobSpec:
-    """One synchronous training job spread over whole nodes."""
+    """One job spread over whole nodes. Kinds (``JOB_KINDS``):
+
+    - ``data_parallel``: compute, wait at the barrier, then all-reduce the gradients;
+    - ``dp_overlap``: data parallel with ``overlap`` of the gradient bytes moved while
+      the backward pass computes (bucketed all-reduce), the rest after the barrier;
+    - ``fsdp``: all-gather and reduce-scatter, half again the bytes of data parallel,
+      ``overlap`` of them during compute;
+    - ``tensor_parallel``: groups of ``tp_size`` GPUs of a node all-reduce every layer
+      over NVLink while they compute (a group moves in lock-step), and the groups
+      all-reduce gradients after the barrier;
+    - ``pipeline``: stages with legitimately different work; ``pipeline_1f1b``: a 1F1B
+      schedule of ``microbatches`` per step, whose bubbles make every stage wait
+      ``(stages - 1) / microbatches`` of the slowest stage's compute, with activations
+      sent to the next stage while computing; stage work ``stage_work`` (per stage);
+    - ``moe``: expert parallelism, all-to-all across nodes (``moe_across_nodes``) or
+      inside a node over NVLink;
+    - ``async_replicas``: independent serving replicas (``replica_gpus`` GPUs each, 1
+      or a whole node) with no barrier: each replica's load is its own, request-driven
+      and bursty; no collective waits, little cross-node traffic.
+
+    ``envelope``: this job's draw of what the documents leave open
+    (``simulator/envelope.py``); ``None`` keeps the physics every older suite pins.
+    """
 
     name: str
     nodes: list[str]
-    kind: str = "data_parallel"  # data_parallel | pipeline | moe
+    kind: str = "data_parallel"  # one of JOB_KINDS
     gpus_per_node: int = GPUS_PER_NODE
     compute_seconds: float = 0.8  # per step, healthy GPU
     comm_seconds: float = 0.2  # per step, after the barrier
@@ -133,6 +173,14 @@ class JobSpec:
     # memory-bound kernels (embedding shards, uneven vocabulary or optimizer shards)
     memory_work_gpus: int = 0
     memory_work_extra: float = 0.0
+    envelope: Envelope | None = None
+    overlap: float = 0.7  # dp_overlap / fsdp: share of the step's bytes moved while computing
+    tp_size: int = 8  # tensor_parallel: GPUs of a node in one lock-step group
+    microbatches: int = 8  # pipeline_1f1b
+    stage_work: tuple[float, ...] = ()  # pipeline_1f1b: work factor of each stage
+    moe_across_nodes: bool = True  # moe: all-to-all over InfiniBand (else inside a node)
+    replica_gpus: int = 1  # async_replicas: GPUs serving one replica (1 or a node's)
+    serving_memory_bound: float = 0.5  # async_replicas: decode's memory-bound share
 
     def memory_work(self, gpu: int) -> float:
         """The extra share of work GPU ``gpu`` of a node does in memory-bound kernels."""
@@ -141,6 +189,28 @@ class JobSpec:
     def stage_of(self, node_index: int) -> int:
         """Pipeline stage of a node (nodes are assigned round-robin, so DP replicas align)."""
         return node_index % max(1, min(self.stages, len(self.nodes)))
+
+    @property
+    def pipelined(self) -> bool:
+        return self.kind in ("pipeline", "pipeline_1f1b")
+
+    def stage_factor(self, node_index: int) -> float:
+        """The work of a node's stage against the middle stages'."""
+        stage, last = self.stage_of(node_index), min(self.stages, len(self.nodes)) - 1
+        if self.kind == "pipeline_1f1b" and self.stage_work:
+            return self.stage_work[stage % len(self.stage_work)]
+        return 1.25 if stage == last else 1.05 if stage == 0 else 1.0
+
+    def bubble(self) -> float:
+        """A 1F1B step over the slowest stage's compute: ``(m + p - 1) / m``."""
+        if self.kind != "pipeline_1f1b":
+            return 1.0
+        stages = max(1, min(self.stages, len(self.nodes)))
+        return (self.microbatches + stages - 1) / max(1, self.microbatches)
+
+    def exposed(self, comm: float) -> float:
+        """The communication left after the barrier: what is not overlapped."""
+        return comm * (1.0 - self.overlap) if self.kind in ("dp_overlap", "fsdp") else comm
 
 
 @dataclass
@@ -155,6 +225,7 @@ class Cluster:
     drift: dict[str, float] = field(default_factory=dict)  # node → clock drift, s per hour
     offsets: dict[str, float] = field(default_factory=dict)  # node → fixed clock offset, s
     reorder_seconds: float = 0.0  # messages arrive up to this late
+    tick: float | None = None  # the agents' sample interval (None: the simulator's, 1 s)
 
     def labels(self) -> list[dict[str, Any]]:
         """Ground truth: one dict per injected fault."""
@@ -183,15 +254,20 @@ class _GpuState:
     throttle: int = 0
     hot: bool = False
     heat: float = 0.0  # thermal creep's progress, 0..1
+    watts_scale: float = 1.0  # computing draw against the nominal (envelope)
+    nominal_clock: float = 1.0  # the clock it would hold healthy (under the power cap)
+    link_compute: float = 0.0  # NVLink bytes while computing, as a share of NVLINK_PEAK
+    origin: float | None = None  # its own step origin (async replicas), else the job's
 
 
 class Simulator:
     """Generates samples tick by tick, deterministic per seed."""
 
-    def __init__(self, cluster: Cluster, start: float, seed: int = 0, tick: float = 1.0) -> None:
+    def __init__(self, cluster: Cluster, start: float, seed: int = 0,
+                 tick: float | None = None) -> None:
         self.cluster = cluster
         self.start = start
-        self.tick = tick
+        self.tick = tick if tick is not None else cluster.tick or 1.0
         self._rng = random.Random(seed)
         nodes = [n for job in cluster.jobs for n in job.nodes]
         self._skew = {n: self._rng.uniform(-1, 1) * cluster.skew_seconds for n in nodes}
@@ -205,6 +281,11 @@ class Simulator:
         # older scenario's samples exactly as they were
         self._physics = random.Random(f"{seed}-physics")
         self._drawn: dict[tuple[str, ...], float] = {}  # physics drawn once, then fixed
+        # the envelope's draws (jobs with an ``envelope`` only) have a generator of their
+        # own too: jobs without one make exactly the samples they made before
+        self._env = random.Random(f"{seed}-envelope")
+        self._last: dict[tuple[str, str], dict[str, float]] = {}  # for stale fields
+        self._load: dict[tuple[str, str], tuple[float, float]] = {}  # replica → (level, burst)
         # job → [(true time, actual step / healthy step)], one per tick: the ground
         # truth of what the job's faults cost (inf while it hangs)
         self.truth: dict[str, list[tuple[float, float]]] = {}
@@ -241,13 +322,18 @@ class Simulator:
         return next((e.kind for e in job.events if e.start <= t < e.end), None)
 
     def _job_tick(self, job: JobSpec, t: float) -> Iterator[Sample]:
+        if job.kind == "async_replicas":
+            yield from self._async_tick(job, t)
+            return
         rng = self._rng
+        env = job.envelope
         faults = self._faults(job.name, t)
         kinds = {f.kind for f in faults}
         event = self._event(job, t)
         comm = job.comm_seconds * rng.gauss(1.0, 0.01)
-        if job.kind == "moe":
+        if job.kind in ("moe", "fsdp"):
             comm *= 1.5
+        comm = job.exposed(comm)
         healthy_comm = comm
         if job.kind == "moe" and "network_phase" in kinds:
             comm *= 8.0 / 1.5
@@ -268,13 +354,11 @@ class Simulator:
         for n, node in enumerate(job.nodes):
             if node in gone:
                 continue
-            stage_factor = 1.0
-            if job.kind == "pipeline":
-                stage = job.stage_of(n)
-                stage_factor = 1.25 if stage == min(job.stages, len(job.nodes)) - 1 else (
-                    1.05 if stage == 0 else 1.0)
+            stage_factor = job.stage_factor(n) if job.pipelined else 1.0
             idle[node] = sum((f.severity - 1.0) * job.compute_seconds for f in faults
                              if f.kind == "slow_host" and f.node == node)
+            if env is not None:  # the host launching the step, the loader's hand-over
+                idle[node] += env.host_gap * job.compute_seconds
             for g in range(job.gpus_per_node):
                 key = (node, str(g))
                 factor = stage_factor * self._workload_factor(job, t, n, g)
@@ -285,18 +369,25 @@ class Simulator:
                 factor *= 1.0 + job.memory_work(g)
                 work[key] = job.compute_seconds * rng.gauss(1.0, 0.015) * factor
                 speeds[key], states[key] = self._speed(job, node, g, faults, t)
+        if env is not None and "hang" not in kinds:
+            self._power_cap(job, env, work, speeds, states, idle, comm)
         compute = {k: work[k] * sp.stall / sp.clock for k, sp in speeds.items()}
-        healthy = {k: work[k] * self._silicon(job, k) for k in work}
-        barrier = max(idle[k[0]] + c for k, c in compute.items())
+        healthy = {k: work[k] * self._silicon(job, k) / states[k].nominal_clock for k in work}
+        bubble = job.bubble()
+        gap = env.host_gap * job.compute_seconds if env is not None else 0.0
+        barrier = max(idle[k[0]] + c for k, c in compute.items()) * bubble
         step = barrier + comm
-        healthy_step = max(healthy.values()) + healthy_comm
+        healthy_step = (gap + max(healthy.values())) * bubble + healthy_comm
         even = sum(work.values()) / len(work)
-        even_step = max(even * self._silicon(job, k) for k in work) + healthy_comm
+        even_step = (gap + max(even * self._silicon(job, k) / states[k].nominal_clock
+                               for k in work)) * bubble + healthy_comm
         self.truth.setdefault(job.name, []).append(
             (t, math.inf if "hang" in kinds else step / healthy_step))
         self.load_truth.setdefault(job.name, []).append((t, healthy_step / even_step))
+        link = self._link_compute(job)
         for key, st in states.items():
             st.phases = GpuPhases(idle[key[0]], compute[key], barrier, comm)
+            st.link_compute = link
         self._steps[job.name] = self._steps.get(job.name, 0.0) + self.tick / step
         origin = self._step_origin(job.name, t, step)
         for node in job.nodes:
@@ -310,6 +401,82 @@ class Simulator:
                        "job": ""}
                 continue
             yield self._node_sample(job, node, t, states, faults, event, kinds, origin)
+
+    @staticmethod
+    def _link_compute(job: JobSpec) -> float:
+        """NVLink bytes a GPU moves while it computes, as a share of ``NVLINK_PEAK``:
+        a tensor-parallel group's per-layer all-reduces, the overlapped share of a
+        data-parallel or FSDP job's gradient traffic; nothing for the older kinds."""
+        if job.kind == "tensor_parallel":
+            return 0.35
+        if job.kind in ("dp_overlap", "fsdp"):
+            scale = 1.5 if job.kind == "fsdp" else 1.0
+            return 0.5 * job.overlap * scale * job.comm_seconds / max(job.compute_seconds, 1e-9)
+        return 0.0
+
+    def _async_tick(self, job: JobSpec, t: float) -> Iterator[Sample]:
+        """Independent serving replicas: no barrier, no collective. Each replica's
+        load is its own: a level that wanders (log-normal, about a minute's memory)
+        with bursts of requests that come and go; within a tick it serves requests
+        of 20-200 ms, running a kernel for its load's share of each and none between
+        (so ``gpu_util`` follows the load). A replica of a whole node moves its GPUs
+        together (tensor parallel inside the node), over NVLink."""
+        physics, env = self._physics, job.envelope
+        faults = self._faults(job.name, t)
+        states: dict[tuple[str, str], _GpuState] = {}
+        group = max(1, min(job.replica_gpus, job.gpus_per_node))
+        origins: dict[tuple[str, str], float] = {}  # replica → where its request began
+        for node in job.nodes:
+            for g in range(job.gpus_per_node):
+                replica = (node, str(g - g % group))
+                if g % group == 0:  # the replica's load this tick, once for its GPUs
+                    level, burst = self._load.get(replica, (physics.gauss(-0.6, 0.4), 0.0))
+                    a = min(1.0, self.tick / 60.0)
+                    level += -a * (level + 0.6) + 0.4 * math.sqrt(2 * a) * physics.gauss(0, 1)
+                    if burst > 0:
+                        burst = max(0.0, burst - self.tick)
+                    elif physics.random() < min(1.0, 0.01 * self.tick):
+                        burst = physics.uniform(5.0, 60.0)
+                    self._load[replica] = (level, burst)
+                level, burst = self._load[replica]
+                load = _clip(math.exp(level) * (1.8 if burst > 0 else 1.0), 0.02, 0.97)
+                request = self._draw((job.name, *replica, "request"),
+                                     lambda: physics.uniform(0.02, 0.2))
+                speed, st = self._speed(job, node, g, faults, t)
+                st.speed = Speed(speed.clock, speed.mem_clock, speed.stall, speed.intensity,
+                                 job.serving_memory_bound)
+                busy = request * load
+                st.phases = GpuPhases(request - busy, busy, request, 0.0)
+                if replica not in origins:
+                    origins[replica] = t - physics.uniform(0.0, request)
+                st.origin = origins[replica]
+                st.link_compute = 0.15 if group > 1 else 0.0
+                if env is not None:
+                    st.watts_scale = self._draw(
+                        (job.name, node, str(g), "leak"), lambda: max(0.8, self._env.gauss(
+                            1.0, env.silicon_sigma))) * (env.compute_watts - IDLE_WATTS) / (
+                                NOMINAL_COMPUTING_WATTS)
+                    burn = IDLE_WATTS + computing_watts(st.speed, st.watts_scale)
+                    if burn > env.power_limit:  # served in bursts: held on its kernels' draw
+                        sp, scale = st.speed, st.watts_scale
+
+                        def draw(c: float, sp: Speed = sp, scale: float = scale) -> float:
+                            return IDLE_WATTS + computing_watts(
+                                Speed(c, sp.mem_clock, sp.stall, sp.intensity,
+                                      sp.memory_bound), scale)
+
+                        clock = capped_clock(draw, env.power_limit, sp.clock)
+                        st.speed = Speed(clock, sp.mem_clock, sp.stall, sp.intensity,
+                                         sp.memory_bound)
+                        st.throttle |= THROTTLE_SW_POWER_CAP
+                states[(node, str(g))] = st
+        self.truth.setdefault(job.name, []).append((t, 1.0))
+        self.load_truth.setdefault(job.name, []).append((t, 1.0))
+        event = self._event(job, t)
+        for node in job.nodes:
+            if any(f.kind == "node_silent" and f.node == node for f in faults):
+                continue
+            yield self._node_sample(job, node, t, states, faults, event, set(), t)
 
     def _step_origin(self, job: str, t: float, period: float) -> float:
         """A time at which one of the job's steps began, for steps of ``period``: the
@@ -342,13 +509,21 @@ class Simulator:
                 slow = 1.0 + (f.severity - 1.0) * heat
                 clock /= slow
                 st.heat = heat
-                st.throttle = THROTTLE_HW_THERMAL if heat >= 0.5 else 0
+                if heat >= 0.5:
+                    st.throttle |= THROTTLE_HW_THERMAL
             elif f.kind == "slow_node" or (f.kind == "slow_gpu" and mine):
                 clock /= f.severity
-                st.throttle = THROTTLE_SW_POWER_CAP
+                # a slowdown the driver reports: HW slowdown where the power cap is
+                # the healthy state (the envelope); the older suites' 0x4 otherwise
+                st.throttle |= (THROTTLE_HW_SLOWDOWN if job.envelope is not None
+                                else THROTTLE_SW_POWER_CAP)
+            elif f.kind == "power_brake":
+                clock /= f.severity
+                st.throttle |= THROTTLE_HW_POWER_BRAKE
             elif f.kind == "thermal" and mine:
                 clock /= 1.25
-                st.throttle, st.hot = THROTTLE_HW_THERMAL, True
+                st.throttle |= THROTTLE_HW_THERMAL
+                st.hot = True
             elif f.kind == "nvlink_degraded" and mine:
                 st.nvlink_factor = 0.55
         intensity = self._draw((job.name, node, gpu, "intensity"),
@@ -357,6 +532,52 @@ class Simulator:
         st.speed = Speed(clock=clock, stall=stall, intensity=intensity,
                          memory_bound=extra / (1.0 + extra))
         return st.speed, st
+
+    def _power_cap(self, job: JobSpec, env: Envelope, work: dict[tuple[str, str], float],
+                   speeds: dict[tuple[str, str], Speed],
+                   states: dict[tuple[str, str], _GpuState], idle: dict[str, float],
+                   comm: float) -> None:
+        """DVFS at the board's power limit: each GPU's clock is lowered until its draw
+        fits ``env.power_limit``, and 0x4 (SW power cap) is set while it is. The driver
+        holds the draw over about ``POWER_CONTROL_SECONDS``: a step shorter than that
+        is held on its mean (a GPU that computes more of the step, a hot expert, draws
+        more and runs a lower clock than its peers), a longer one on its computing
+        phase. The others' barrier is taken at their uncapped clocks (one pass)."""
+        ends = sorted(((idle[k[0]] + work[k] * sp.stall / sp.clock, k)
+                       for k, sp in speeds.items()), reverse=True)
+        first, first_key = ends[0]
+        second = ends[1][0] if len(ends) > 1 else 0.0
+        bubble = job.bubble()
+        for key, sp in speeds.items():
+            st = states[key]
+            st.watts_scale = self._draw(
+                (job.name, *key, "leak"), lambda: max(0.8, self._env.gauss(
+                    1.0, env.silicon_sigma))) * (env.compute_watts - IDLE_WATTS) / (
+                        NOMINAL_COMPUTING_WATTS)
+            others = second if key == first_key else first
+            demand, waits = work[key] * sp.stall, idle[key[0]]
+
+            def draw(c: float, sp: Speed = sp, scale: float = st.watts_scale,
+                     demand: float = demand, others: float = others,
+                     waits: float = waits) -> float:
+                burn = IDLE_WATTS + computing_watts(
+                    Speed(c, sp.mem_clock, sp.stall, sp.intensity, sp.memory_bound), scale)
+                busy = demand / c
+                barrier = max(others, waits + busy) * bubble
+                step = barrier + comm
+                mean = (waits * IDLE_WATTS + busy * burn
+                        + (barrier - waits - busy) * (IDLE_WATTS + WAITING_WATTS)
+                        + comm * (IDLE_WATTS + COMMUNICATING_WATTS)) / step
+                held = min(1.0, POWER_CONTROL_SECONDS / step)
+                return held * mean + (1.0 - held) * burn
+
+            clock = capped_clock(draw, env.power_limit, sp.clock)
+            st.nominal_clock = clock if sp.clock >= 1.0 else capped_clock(
+                draw, env.power_limit, 1.0)
+            if clock < sp.clock - 1e-6:
+                st.throttle |= THROTTLE_SW_POWER_CAP
+                speeds[key] = st.speed = Speed(clock, sp.mem_clock, sp.stall, sp.intensity,
+                                               sp.memory_bound)
 
     def _silicon(self, job: JobSpec, key: tuple[str, str]) -> float:
         """A GPU's static time per unit of work (silicon, cooling): 1 ± the job's
@@ -423,28 +644,47 @@ class Simulator:
     def _node_sample(self, job: JobSpec, node: str, t: float,
                      states: dict[tuple[str, str], _GpuState], faults: list[Fault],
                      event: str | None, kinds: set[str], origin: float) -> Sample:
-        rng = self._rng
+        rng, env = self._rng, job.envelope
+        window = self._window(node, t)
+        late = 0.0
+        if env is not None:  # the agent read a little late or early: all its GPUs alike
+            late = max(-0.45, min(0.45, self._env.gauss(0.0, env.tick_jitter))) * self.tick
+            window = (window[0] + late, window[1] + late)
         gpus: dict[str, dict[str, float]] = {}
         for g in range(job.gpus_per_node):
             gpu = str(g)
             mine = [f for f in faults if f.node == node and f.gpu == gpu]
             if any(f.kind == "gpu_lost" and t >= f.start + 1 for f in mine):
                 continue  # fell off the bus: no reading at all
-            reading = self._gpu_reading(states[(node, gpu)], event, "hang" in kinds,
-                                        self._window(node, t), origin)
+            st = states[(node, gpu)]
+            reading = self._gpu_reading(st, event, "hang" in kinds, window,
+                                        origin if st.origin is None else st.origin)
+            if env is not None:
+                self._envelope_reading(job, env, (node, gpu), st, reading, window,
+                                       origin if st.origin is None else st.origin,
+                                       "hang" in kinds, event)
             for f in mine:
                 self._apply_gpu_fault(f, reading, t, (node, gpu))
             reading["ecc_dbe"] = self._ecc.get((node, gpu), 0.0)
             gpus[gpu] = reading
         nic_degraded = any(f.kind == "nic_degraded" and f.node == node for f in faults)
         first = states.get((node, "0"))
-        comm_share = phase_shares(first.phases, *self._window(node, t), origin)[3] if (
-            first is not None and first.phases.period > 0) else 0.0
+        shares = phase_shares(first.phases, *window, origin) if (
+            first is not None and first.phases.period > 0) else (0.0, 0.0, 0.0, 0.0)
+        comm_share = shares[3]
+        if job.kind == "pipeline_1f1b":  # activations to the next stage while computing
+            comm_share += 0.2 * shares[1]
+        elif job.kind == "async_replicas":  # requests in, responses out: a trickle
+            comm_share = 0.02
+        elif job.kind in ("dp_overlap", "fsdp"):
+            comm_share += shares[1] * job.overlap * job.comm_seconds / max(
+                job.compute_seconds, 1e-9)
         nics = {}
-        for k in range(2):
+        for k in range(2 if env is None else env.nics):
             name = f"mlx5_{k}"
             moving = 0.0 if ("hang" in kinds or event in ("checkpoint", "eval")) else comm_share
-            util = 0.7 if job.kind == "moe" else 0.5
+            util = (0.15 if job.kind == "moe" and not job.moe_across_nodes
+                    else 0.7 if job.kind == "moe" else 0.5)
             rate = 200.0 if nic_degraded and k == 0 else 400.0
             tx = moving * IB_PEAK * util * (rate / 400.0 if nic_degraded else 1.0)
             if nic_degraded and k == 0:
@@ -455,12 +695,47 @@ class Simulator:
                           if k == 0 else 0.0,
                           "ib_xmit_wait": abs(rng.gauss(wait, wait * 0.1))}
         return {
-            "schema": SAMPLE_SCHEMA, "ts": round(t + self._clock(node, t), 3),
+            "schema": SAMPLE_SCHEMA, "ts": round(t + late + self._clock(node, t), 3),
             "job": job.name, "node": node, "gpus": gpus,
             "host": {"cpu_util": self._cpu_util(node, faults), "mem_used": 400 * GIB},
             "nics": nics,
             "meta": {"agent": "vigil-simulator", "gpu_model": "H100-SXM", "sm_count": 132},
         }
+
+    def _envelope_reading(self, job: JobSpec, env: Envelope, key: tuple[str, str],
+                          st: _GpuState, reading: dict[str, float],
+                          window: tuple[float, float], origin: float, hung: bool,
+                          event: str | None) -> None:
+        """What the envelope changes in a reading: the SMs a waiting GPU holds (one per
+        NCCL channel), NVML's last-period integer utilisation, the slot's temperature,
+        a hang's silent links, DCGM profiling fields left stale for a tick."""
+        rng = self._env
+        period = st.phases.period
+        if hung:
+            shares = (0.0, 0.0, 1.0, 0.0)
+        elif period > 0:
+            shares = phase_shares(st.phases, *window, origin)
+        else:
+            shares = (1.0, 0.0, 0.0, 0.0)
+        wait = shares[2]
+        # the spinning CTAs' SMs: counters() counted one, a channel each is held
+        extra = wait * (env.waiting_sm - SM_WHILE_WAITING)
+        reading["sm_active"] = _clip(reading["sm_active"] + extra)
+        reading["sm_occupancy"] = _clip(reading["sm_occupancy"] + extra * 0.004 * 132)
+        if hung:
+            reading["pcie_tx"] = abs(rng.gauss(2e6, 5e5))  # nothing moves; a trickle
+            reading["pcie_rx"] = abs(rng.gauss(2e6, 5e5))
+        if event in (None, "warmup"):  # training steps (not a checkpoint's or eval's)
+            end = window[1]
+            last = (phase_shares(st.phases, end - env.util_period, end, origin)
+                    if period > 0 and not hung else (0.0, 0.0, 1.0, 0.0))
+            reading["gpu_util"] = math.floor(100.0 * (1.0 - last[0]) + 1e-9) / 100.0
+        reading["temperature"] += self._draw(
+            (job.name, *key, "slot"), lambda: self._env.gauss(0.0, env.temp_sigma))
+        before = self._last.get(key)
+        if before is not None and rng.random() < env.stale_rate:
+            reading.update(before)  # the watch had no new value: the last one again
+        self._last[key] = {f: reading[f] for f in STALE_FIELDS}
 
     def _window(self, node: str, t: float) -> tuple[float, float]:
         """The true times the node's agent averaged its sample of tick ``t`` over:
@@ -502,15 +777,16 @@ class Simulator:
                   else (1.0, 0.0, 0.0, 0.0))
         if hung:  # a spinning NCCL kernel: 100% "utilisation", 1/132 of the SMs
             shares = (0.0, 0.0, 1.0, 0.0)
-        values = counters(shares, st.speed, rng.gauss(1.0, 0.01))
-        nvlink = shares[3] * NVLINK_PEAK * 0.5 * st.nvlink_factor
+        values = counters(shares, st.speed, rng.gauss(1.0, 0.01), watts_scale=st.watts_scale)
+        nvlink = (shares[3] * 0.5 + shares[1] * st.link_compute) * NVLINK_PEAK * st.nvlink_factor
         pcie_tx, pcie_gen = abs(rng.gauss(1.2e9, 1e8)), 5.0
         if event == "checkpoint":
             values.update(sm_active=0.01, sm_occupancy=0.0, tensor_active=0.0, fp16_active=0.0,
                           fp32_active=0.0, dram_active=0.05, gpu_util=0.05, power=110.0)
             nvlink, pcie_tx = 0.0, abs(rng.gauss(12e9, 5e8))
         elif event == "eval":  # forward passes only, no gradient exchange
-            values = counters((0.2, 0.3, 0.5, 0.0), st.speed, rng.gauss(1.0, 0.01))
+            values = counters((0.2, 0.3, 0.5, 0.0), st.speed, rng.gauss(1.0, 0.01),
+                              watts_scale=st.watts_scale)
             nvlink = 0.0
             pcie_gen = 1.0 if rng.random() < 0.3 else 5.0  # idle power saving
         for name in ("sm_active", "sm_occupancy", "tensor_active", "fp16_active",

@@ -5,7 +5,8 @@ Each line follows the counter's definition (DCGM field identifiers in brackets):
 - ``sm_active`` [1002]: the share of cycles with at least one warp resident on an
   SM, averaged over the SMs, *stalled or not*. It is busy time: computing keeps
   nearly every SM occupied; a spinning NCCL kernel waiting in a collective keeps
-  one SM of 132; communication kernels a few.
+  one SM per NCCL channel (2–32 of 132: ``simulator/envelope.py``); communication
+  kernels a few.
 - ``tensor_active`` [1004], ``fp16_active`` [1006], ``fp32_active`` [1007]: the
   share of elapsed cycles, *at the current clock*, in which that pipe worked. A GPU
   doing ``W`` tensor cycles of work per step in a step of ``T`` seconds at clock
@@ -102,32 +103,53 @@ def phase_shares(p: GpuPhases, a: float, b: float, origin: float
     return shares[0], shares[1], shares[2], shares[3]
 
 
-def counters(shares: tuple[float, float, float, float], speed: Speed,
-             noise: float = 1.0) -> dict[str, float]:
-    """The activity counters and power of one window (``noise``: the factor shared
-    by every activity counter of this GPU in this window)."""
-    idle, compute, wait, comm = shares
+def _rates(speed: Speed) -> tuple[float, float]:
+    """Tensor-pipe and DRAM shares of cycles while computing, for this speed."""
     mixed = 1.0 - speed.memory_bound  # the share of compute time in the step's usual mix
     tensor_rate = TENSOR_WHILE_COMPUTING * speed.intensity / speed.stall * mixed
     # a step's bytes over its compute time, as a share of memory-clock cycles
     dram_rate = (DRAM_WHILE_COMPUTING * speed.clock * mixed
                  + DRAM_WHILE_MEMORY_BOUND * speed.memory_bound) / (speed.stall * speed.mem_clock)
+    return tensor_rate, dram_rate
+
+
+def computing_watts(speed: Speed, scale: float = 1.0) -> float:
+    """What computing adds to the idle draw at this speed (``scale``: the GPU's draw
+    against the nominal one, from the envelope's compute watts and silicon spread)."""
+    tensor_rate, dram_rate = _rates(speed)
+    return scale * speed.clock ** 2 * (
+        110.0 + 330.0 * tensor_rate / TENSOR_WHILE_COMPUTING
+        + 60.0 * dram_rate / DRAM_WHILE_COMPUTING)
+
+
+WAITING_WATTS = 55.0  # a spinning NCCL kernel, over idle
+COMMUNICATING_WATTS = 90.0
+
+
+def counters(shares: tuple[float, float, float, float], speed: Speed,
+             noise: float = 1.0, waiting_sm: float = SM_WHILE_WAITING,
+             watts_scale: float = 1.0) -> dict[str, float]:
+    """The activity counters and power of one window (``noise``: the factor shared
+    by every activity counter of this GPU in this window; ``waiting_sm``: the SMs a
+    GPU waiting in a collective holds, one per NCCL channel; ``watts_scale``: this
+    GPU's computing draw against the nominal one)."""
+    idle, compute, wait, comm = shares
+    tensor_rate, dram_rate = _rates(speed)
 
     def ratio(x: float) -> float:
         return min(1.0, max(0.0, x * noise))
 
-    computing_watts = speed.clock ** 2 * (
-        110.0 + 330.0 * tensor_rate / TENSOR_WHILE_COMPUTING
-        + 60.0 * dram_rate / DRAM_WHILE_COMPUTING)
+    spin = waiting_sm / SM_WHILE_WAITING  # channels: each spinning CTA occupies its SM
     return {
-        "sm_active": ratio(compute * SM_WHILE_COMPUTING + wait * SM_WHILE_WAITING
+        "sm_active": ratio(compute * SM_WHILE_COMPUTING + wait * waiting_sm
                            + comm * SM_WHILE_COMMUNICATING),
-        "sm_occupancy": ratio(compute * 0.5 + comm * 0.05 + wait * 0.004),
+        "sm_occupancy": ratio(compute * 0.5 + comm * 0.05 + wait * 0.004 * spin),
         "tensor_active": ratio(compute * tensor_rate),
         "fp16_active": ratio(compute * 0.08 / speed.stall),
         "fp32_active": ratio(compute * 0.05 / speed.stall + comm * 0.02),
         "fp64_active": 0.0,
         "dram_active": ratio(compute * dram_rate + comm * 0.15),
         "gpu_util": ratio(1.0 - idle),
-        "power": IDLE_WATTS + compute * computing_watts + wait * 55.0 + comm * 90.0,
+        "power": (IDLE_WATTS + compute * computing_watts(speed, watts_scale)
+                  + wait * WAITING_WATTS + comm * COMMUNICATING_WATTS),
     }
