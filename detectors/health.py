@@ -69,6 +69,7 @@ REMAP_EVENTS: dict[str, tuple[str, str, str]] = {
 }
 CADENCE_GAP_CAP = 60.0  # a longer gap (a pause, a restart) teaches a node's cadence no more
 MAX_SILENT_SECONDS = 120.0  # however lossy its path, a node this quiet is silent
+SILENT_TICKS = 2.5  # of a node's own interval: two ticks missed, and its jitter
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,26 @@ class HealthMonitor:
         self.nodes[node] = max(ts, last if last is not None else ts)
 
     def silence_after(self, node: str) -> float:
-        """Seconds without a sample after which ``node`` counts as silent."""
-        interval, mean = self.cadence.get(node, [0.0, 0.0])
+        """Seconds without a sample after which ``node`` counts as silent: at least
+        ``silent_seconds`` and ``SILENT_TICKS`` of its own interval (an agent may
+        tick every 30 s, as dcgm-exporter's default scrape does), more where its
+        path loses samples. A node heard only once is given the job's typical
+        interval, and while no node's interval is known, the longest silence."""
+        cadence = self.cadence.get(node)
+        if cadence is None:
+            known = sorted(c[0] for c in self.cadence.values() if c[0] > 0)
+            if not known:
+                return MAX_SILENT_SECONDS
+            typical = known[len(known) // 2]
+            cadence = [typical, typical]
+        interval, mean = cadence
+        base = max(self.p.silent_seconds, SILENT_TICKS * interval)
         arriving = min(1.0, interval / mean) if mean > 0 else 1.0
         if arriving >= 1.0 or interval <= 0:
-            return self.p.silent_seconds
+            return min(base, MAX_SILENT_SECONDS)
         lost = 1.0 - arriving
         by_chance = interval * math.log(self.p.silent_by_chance) / math.log(lost)
-        return min(max(self.p.silent_seconds, by_chance), MAX_SILENT_SECONDS)
+        return min(max(base, by_chance), MAX_SILENT_SECONDS)
 
     def forget_node(self, node: str) -> None:
         """The node left the job: no silence or missing GPU is judged for it."""
