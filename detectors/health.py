@@ -69,7 +69,9 @@ REMAP_EVENTS: dict[str, tuple[str, str, str]] = {
 }
 CADENCE_GAP_CAP = 60.0  # a longer gap (a pause, a restart) teaches a node's cadence no more
 MAX_SILENT_SECONDS = 120.0  # however lossy its path, a node this quiet is silent
-SILENT_TICKS = 2.5  # of a node's own interval: two ticks missed, and its jitter
+# of a node's own interval: a path losing 5 % of samples misses four ticks in a row
+# once in 160,000 (the loss a node's cadence shows is learned too slowly at 30 s ticks)
+SILENT_TICKS = 4.5
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ class HealthMonitor:
         """Seconds without a sample after which ``node`` counts as silent: at least
         ``silent_seconds`` and ``SILENT_TICKS`` of its own interval (an agent may
         tick every 30 s, as dcgm-exporter's default scrape does), more where its
-        path loses samples. A node heard only once is given the job's typical
+        path is seen to lose more samples, at most ``MAX_SILENT_SECONDS``. A node heard only once is given the job's typical
         interval, and while no node's interval is known, the longest silence."""
         cadence = self.cadence.get(node)
         if cadence is None:

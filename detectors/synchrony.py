@@ -2,25 +2,53 @@
 
 Every barrier-based rule (stragglers, load imbalance, host-bound nodes, hangs, the
 job's slowdown) presumes that a GPU's peers wait for it. Independent inference or
-serving replicas wait for nobody: each GPU's load is its own, so comparing it with
-its peers finds "stragglers" and "load" that are only traffic. Synchrony is
-therefore measured, or declared, never presumed where it can be measured.
+serving replicas wait for nobody: each replica's load is its own, so comparing it
+with its peers finds "stragglers" and "load" that are only traffic. Synchrony is
+therefore measured, or declared; it is presumed only where nothing measures it.
 
-**Measured.** A synchronous job exchanges gradients, activations or experts'
-tokens in collectives every step, so bytes move between its GPUs: over NVLink
-within a node, over InfiniBand between nodes. A job shows that it moves together
-once a bin's median GPU sends more over NVLink than ``GPU_LINK`` (GPUs together),
-or its median node sends more over InfiniBand than ``NODE_LINK`` (nodes together,
-and so their GPUs). Once seen, it stays: a hung or paused synchronous job moves
-nothing, and is still synchronous. Until then, the barrier rules of that level wait.
-A job whose agents report neither link (no NVLink counters, no InfiniBand ports)
-cannot be measured and is presumed synchronous, as training jobs are.
+**Measured**, per level (the GPUs of a node; the nodes of the job), from two
+witnesses:
+
+- *Collective traffic.* A synchronous job exchanges gradients, activations or
+  tokens every step: bytes move over NVLink within a node or over InfiniBand between
+  nodes. A level whose link counters are read but never carried a collective's
+  bytes (``GPU_LINK``, ``NODE_LINK``) does not move together: on a system whose
+  NVLink counters are read, a node's GPUs that exchange anything do it over NVLink.
+  Once seen, traffic
+  counts for good: a hung or paused synchronous job moves nothing, and is still
+  synchronous.
+- *Busy time that moves together.* Ranks that wait for each other complete the same
+  steps, so their busy shares differ only by their share of the step's work: a
+  pipeline stage (partitioners balance stages within about a quarter) or an MoE
+  expert's load (capacity factors cap it, and a hot expert is one GPU of many). The
+  median rank sits within ``SYNC_SPREAD`` (a quarter, in log units) of the level's
+  median. Independent replicas follow their own requests: their busy shares spread
+  by factors. A level whose median departure exceeds ``SYNC_SPREAD`` in most of
+  its recent working bins does not move together, whatever bytes it moves (serving
+  replicas ship requests, responses and KV caches). Bins where the job does no work
+  (pauses, hangs) are not judged.
+
+- *A kernel always resident.* A rank of a synchronous job is never without a kernel
+  but while its own host prepares the next step: while it waits for its peers,
+  NCCL's kernel spins. A job whose median GPU runs no kernel ``IDLE_SHARE`` of the
+  time or more, in most of its recent working bins, waits on requests, not on its
+  peers: its nodes are not compared (a job input-bound on every node has no node to
+  blame either).
+
+"Most": ``APART_SHARE`` of the last ``SPREAD_BINS`` working bins, once ``MIN_JUDGED``
+are in (a minute: a warm-up that loads data does not decide it); from then on the
+job stays apart.
+
+Nodes move together only where their GPUs do. A job whose agents report neither
+link (no NVLink counters, no InfiniBand ports) and whose busy time moves together is
+presumed synchronous, as training jobs are.
 
 **Declared.** A sample's ``meta.job_sync`` (``true`` or ``false``, from the
 scheduler's attribution or the agent's configuration) decides for the whole job.
 
 Left: a synchronous job that communicates only through a path Vigil does not read
-(TCP sockets, PCIe peer-to-peer without NVLink) is told asynchronous until declared.
+(TCP sockets, PCIe peer-to-peer without NVLink) is told asynchronous until declared;
+replicas whose loads happen to stay within a quarter of each other are compared.
 """
 
 from __future__ import annotations
@@ -35,7 +63,13 @@ from detectors.window import WindowView
 
 GPU_LINK = 1e9  # bytes/s over NVLink: a collective, not housekeeping
 NODE_LINK = 1e8  # bytes/s over InfiniBand from a node
-GPU_READS = ("nvlink_tx",)
+SYNC_SPREAD = 0.22  # log(1.25): the median rank's departure from its level's median
+IDLE_SHARE = 0.2  # the median GPU without a kernel this share of the time: no barrier
+SPREAD_BINS = 24  # working bins judged (two minutes of 5 s bins)
+MIN_JUDGED = 12
+APART_SHARE = 0.75
+WORKING = 0.05  # the job's median busy share: below, a pause or a hang, not judged
+GPU_READS = ("nvlink_tx", "sm_active", "tensor_active", "gpu_util")
 NIC_READS = ("ib_tx",)
 
 
@@ -59,19 +93,78 @@ def judge(view: WindowView, memory: dict[str, Any]) -> Synchrony:
     said = memory.get("declared")
     if isinstance(said, bool):
         return Synchrony(said, said)
-    if not memory.get("nodes"):
-        ib = view.nic("ib_tx")[:, -1:] if view.nics else np.full((0, 1), np.nan)
-        if ib.size and not np.isnan(ib).all():
-            memory["ib_seen"] = True
-            if float(nanmedian(ib[:, 0], axis=0)) > NODE_LINK:
-                memory["nodes"] = True
-    if not memory.get("gpus"):
-        nvl = view.gpu("nvlink_tx")[:, -1:]
-        if not np.isnan(nvl).all():
-            memory["nvlink_seen"] = True
-            if float(nanmedian(nvl[:, 0], axis=0)) > GPU_LINK:
-                memory["gpus"] = True
-    if not memory.get("ib_seen") and not memory.get("nvlink_seen"):
-        return Synchrony(True, True)  # nothing to measure it by: presumed, as before
-    nodes = bool(memory.get("nodes"))
-    return Synchrony(nodes or bool(memory.get("gpus")), nodes)
+    _traffic(memory, "nvlink", view.gpu("nvlink_tx")[:, -1], GPU_LINK)
+    _traffic(memory, "ib", view.nic("ib_tx")[:, -1] if view.nics else np.full(0, np.nan),
+             NODE_LINK)
+    spreads = _spreads(view)
+    if spreads is not None:
+        _spread(memory, "gpus", spreads[0])
+        _spread(memory, "nodes", spreads[1])
+        _spread(memory, "idle", spreads[2], IDLE_SHARE)
+    nvlink, infiniband = memory.get("nvlink"), memory.get("ib")
+    # on an NVLink system a node's GPUs that talk at all talk over it
+    gpus = nvlink is not False and not (nvlink is None and infiniband is False) \
+        and not _dispersed(memory, "gpus")
+    nodes = gpus and infiniband is not False and not _dispersed(memory, "nodes") \
+        and not _dispersed(memory, "idle")
+    return Synchrony(gpus, nodes)
+
+
+def _spreads(view: WindowView) -> tuple[float, float, float] | None:
+    """The median GPU's departure from its node's median busy share, the median
+    node's from the job's (log units), and the share of time the job's median GPU
+    runs no kernel (NaN: no utilisation reading), over the window's working bins; None where
+    the newest bin is not a working one. Window means, not one bin: a node's one-bin
+    reading swings with the part of a long step its agent's window caught."""
+    metric = view.activity_metric()
+    if metric is None:
+        return None
+    busy = view.gpu(metric)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        level = nanmedian(busy, axis=0)  # the job's median GPU per bin
+        working = np.nan_to_num(level) >= WORKING
+        if not working[-1]:
+            return None
+        kept = np.where(working[None, :], busy, np.nan)
+        mean = np.nansum(kept, axis=1) / np.sum(~np.isnan(kept), axis=1)
+        log_busy = np.full((len(view.nodes), view.max_slots), np.nan)
+        nodes, slots = view.positions()
+        log_busy[nodes, slots] = np.log(np.where(mean > 0, mean, np.nan))
+        node_level = nanmedian(log_busy, axis=1)
+        within = nanmedian(np.abs(log_busy - node_level[:, None]), axis=1)
+        across = (nanmedian(np.abs(node_level - nanmedian(node_level, axis=0)), axis=0)
+                  if int(np.sum(~np.isnan(node_level))) >= 2 else np.nan)
+        util = view.gpu("gpu_util")
+        idle = float(1.0 - nanmedian(np.where(working[None, :], util, np.nan).ravel(), axis=0))
+    return float(nanmedian(within, axis=0)), float(across), idle
+
+
+def _traffic(memory: dict[str, Any], key: str, values: Any, level: float) -> None:
+    """Record whether a link was read (False) and ever carried a collective (True)."""
+    if memory.get(key) is True or np.isnan(values).all():
+        return
+    memory[key] = bool(float(nanmedian(values, axis=0)) > level)
+
+
+def _spread(memory: dict[str, Any], level: str, spread: float,
+            limit: float = SYNC_SPREAD) -> None:
+    """Append one working bin's judgement (``spread`` beyond ``limit``) of a witness."""
+    if np.isnan(spread):
+        return
+    recent = memory.setdefault(f"{level}_spread", [])
+    recent.append(spread > limit)
+    del recent[:-SPREAD_BINS]
+
+
+def _dispersed(memory: dict[str, Any], level: str) -> bool:
+    """Whether a witness says the level does not move together: in ``APART_SHARE`` of
+    its recent working bins, once ``MIN_JUDGED`` are in. Then for good: a job does not
+    turn from serving into training (a burst of requests that evens the load out
+    for a minute does not make replicas wait for each other)."""
+    if memory.get(f"{level}_apart"):
+        return True
+    recent = memory.get(f"{level}_spread", [])
+    apart = len(recent) >= MIN_JUDGED and sum(recent) >= APART_SHARE * len(recent)
+    if apart:
+        memory[f"{level}_apart"] = True
+    return apart

@@ -65,8 +65,8 @@ JOB_KINDS = ("data_parallel", "dp_overlap", "fsdp", "tensor_parallel", "pipeline
 
 # fault kind → detection kinds that correctly report it (the first is its own kind)
 FAULT_KINDS: dict[str, tuple[str, ...]] = {
-    "slow_gpu": ("straggler",),
-    "slow_node": ("straggler",),
+    "slow_gpu": ("straggler", "gpu_health"),  # gpu_health where its reasons name a fault
+    "slow_node": ("straggler", "gpu_health"),
     "thermal": ("gpu_health", "straggler"),
     "nvlink_degraded": ("link_health", "straggler"),
     "nic_degraded": ("link_health", "straggler"),

@@ -150,15 +150,15 @@ def test_silent_node_fires_and_resolves_when_it_returns() -> None:
 
 @pytest.mark.parametrize("tick", [10.0, 30.0])
 def test_an_agent_ticking_slowly_is_not_silent_and_a_silent_node_still_is(tick: float) -> None:
-    """dcgm-exporter's default scrape is 30 s: a node is silent after missing about
-    two of its own ticks, not after ``silent_seconds`` of a 1 s agent."""
+    """dcgm-exporter's default scrape is 30 s: a node is silent after missing several
+    of its own ticks, not after ``silent_seconds`` of a 1 s agent."""
     job = JobSpec("j", [f"n{i}" for i in range(4)])
     fault = Fault("node_silent", "j", "n2", None, START + 300)
     runner = ReplayRunner(DetectConfig())
     dets = [d for s in Simulator(Cluster([job], [fault]), START, seed=5, tick=tick).samples(480)
             for d in runner.feed(s) if d["state"] == "firing"]
     assert [(d["kind"], d["node"]) for d in dets] == [("node_silent", "n2")]
-    assert dets[0]["detected_at"] - fault.start <= 3 * tick + 10
+    assert dets[0]["detected_at"] - fault.start <= min(5 * tick, 120) + tick + 10
 
 
 def test_pcie_downgrade_under_load_is_a_link_fault() -> None:

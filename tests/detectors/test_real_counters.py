@@ -57,7 +57,10 @@ def _replay(phases: dict[str, list[dict[str, Any]]], cause: str, seconds: int,
                 gpu["compute_processes"] = processes if i == "0" and k >= LEAD else 1.0
         sample = {**first, "ts": 1_800_000_000.0 + k, "job": "real", "node": "n1",
                   "gpus": gpus, "meta": {**first.get("meta", {}),
-                                         "gpu_uuids": {str(i): f"GPU-{i}" for i in range(8)}}}
+                                         "gpu_uuids": {str(i): f"GPU-{i}" for i in range(8)},
+                                         # one GPU paced as a rank: it moved no
+                                         # collective's bytes to measure synchrony by
+                                         "job_sync": True}}
         found += [(k - LEAD, d) for d in runner.feed(sample)]  # type: ignore[arg-type]
     return found
 
