@@ -137,8 +137,9 @@ class HealthMonitor:
         """Seconds without a sample after which ``node`` counts as silent: at least
         ``silent_seconds`` and ``SILENT_TICKS`` of its own interval (an agent may
         tick every 30 s, as dcgm-exporter's default scrape does), more where its
-        path is seen to lose more samples, at most ``MAX_SILENT_SECONDS``. A node heard only once is given the job's typical
-        interval, and while no node's interval is known, the longest silence."""
+        path is seen to lose more samples, at most ``MAX_SILENT_SECONDS``. A node
+        heard only once is given the job's typical interval, and while no node's
+        interval is known, the longest silence."""
         cadence = self.cadence.get(node)
         if cadence is None:
             known = sorted(c[0] for c in self.cadence.values() if c[0] > 0)

@@ -507,7 +507,14 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     # normal offset, comes from every bin: gating it would bias it by the busy
     # time's own noise)
     anyway = np.ones(x.shape, dtype=bool)
-    gate = np.stack([busier & ~memory_explained, anyway, busier, anyway])
+    # a node its host holds back is the one the others wait for: it never spins in
+    # the collective, so per unit of work it keeps fewer SMs resident than its peers
+    # (by the spin's channels/SM count times its idle share). Its idle time counts
+    # only in bins where that is so: a utilisation sampled over the last sixth of a
+    # second reads low on a healthy node whose read instant falls in the job's gap
+    with np.errstate(invalid="ignore"):
+        held_back = ~(slowness >= 0)  # NaN (no work reading): not told apart
+    gate = np.stack([busier & ~memory_explained, anyway, busier, held_back])
     return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,
                      extra_processes)
