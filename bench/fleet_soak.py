@@ -4,12 +4,15 @@
     .venv/bin/python bench/fleet_soak.py --gpu-hours 5000 --hours-per-job 1 --procs 2
 
 Jobs come from ``vigil/evaluation/fleet.py`` (every kind and size, checkpoints,
-evaluations, MoE load that moves, a lossy node, skewed clocks); each is simulated
+evaluations, MoE load that moves, a lossy node, skewed clocks), each over the physics
+envelope (issue #45: its own NCCL channels, utilisation period, power limit, tick...;
+``--no-envelope`` runs the fleet of issue #14 as it was); each is simulated
 and replayed through the detectors as ``vigil replay`` would. Every firing detection
 of severity warning or critical is a false alarm. Findings of severity info
 (``load_imbalance``: more work, not a fault; ``network_bound``: a phase of the job,
 routed to its owner, never paged) are counted apart by kind. Prints the rate per
-1,000 GPU-days with its 95 % upper bound, and the alarms themselves.
+1,000 GPU-days with its 95 % upper bound, the GPU-hours by kind, and the alarms
+themselves.
 """
 
 from __future__ import annotations
@@ -23,14 +26,14 @@ from typing import Any
 from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
 from simulator.cluster import Simulator
-from vigil.evaluation.fleet import fleet_job, poisson_upper
+from vigil.evaluation.fleet import fleet_job, kind_of, poisson_upper
 
 START = 1_950_000_000.0
 
 
-def _run(args: tuple[int, float, int]) -> dict[str, Any]:
-    index, seconds, seed = args
-    job = fleet_job(index, START, seconds, seed)
+def _run(args: tuple[int, float, int, bool]) -> dict[str, Any]:
+    index, seconds, seed, envelope = args
+    job = fleet_job(index, START, seconds, seed, envelope)
     runner = ReplayRunner(DetectConfig())
     alarms: list[str] = []
     info: Counter[str] = Counter()
@@ -46,7 +49,8 @@ def _run(args: tuple[int, float, int]) -> dict[str, Any]:
                 alarms.append(f"{job.name}: t+{det['detected_at'] - START:.0f}s {det['kind']} "
                               f"{det['node']} {det['gpu']} {det['summary']}")
     return {"name": job.name, "gpu_hours": job.gpu_hours, "samples": samples,
-            "alarms": alarms, "info": info, "moe": job.cluster.jobs[0].kind == "moe"}
+            "alarms": alarms, "info": info, "moe": job.cluster.jobs[0].kind == "moe",
+            "kind": kind_of(job), "tick": job.cluster.tick or 1.0}
 
 
 def main() -> int:
@@ -58,12 +62,14 @@ def main() -> int:
     parser.add_argument("--first", type=int, default=0,
                         help="start at this job of the plan (finish a run that was "
                              "stopped: the jobs are the same every time)")
+    parser.add_argument("--no-envelope", action="store_true",
+                        help="the fleet without the physics envelope (issue #14's)")
     args = parser.parse_args()
     seconds = args.hours_per_job * 3600.0
     tasks, planned = [], 0.0
     while planned < args.gpu_hours:
-        job = fleet_job(len(tasks), START, seconds, args.seed)
-        tasks.append((len(tasks), seconds, args.seed))
+        job = fleet_job(len(tasks), START, seconds, args.seed, not args.no_envelope)
+        tasks.append((len(tasks), seconds, args.seed, not args.no_envelope))
         planned += job.gpu_hours
     tasks = tasks[args.first:]
     began = time.time()
@@ -97,6 +103,14 @@ def main() -> int:
     info: Counter[str] = Counter()
     for r in done:
         info.update(r["info"])
+    by_kind: Counter[str] = Counter()
+    for r in done:
+        by_kind[r["kind"]] += r["gpu_hours"]
+    serving = sum(h for k, h in by_kind.items() if k.startswith("async"))
+    print("GPU-hours by kind: " + ", ".join(
+        f"{k} {h:,.0f} ({h / max(gpu_days * 24, 1e-9):.0%})" for k, h in sorted(by_kind.items())))
+    print(f"asynchronous replicas' share of the GPU-hours: "
+          f"{serving / max(gpu_days * 24, 1e-9):.0%}")
     print(f"MoE share of the GPU-hours: {moe:.0%}; info findings (the job owner's, not "
           f"alarms): {dict(info) or 'none'}")
     stragglers = kinds.get("straggler", 0)

@@ -1,6 +1,7 @@
 """A synthetic GPU cluster that emits ``vigil.sample/1`` messages with known faults.
 
-Every job trains synchronously. Within each step every GPU moves through phases:
+Every job but serving replicas (``async_replicas``: no barrier, each replica's load its
+own) trains synchronously. Within each step every GPU moves through phases:
 it may wait idle for its node's input (no kernel: a data-loader-bound host), then
 computes its share of the step, then waits in the collective for the slowest GPU
 (NCCL spins on about 1/132 of the SMs, ``gpu_util`` reads 100 %), then communicates.
@@ -19,6 +20,12 @@ re-placed, rotates or dwells. Healthy
 look-alikes (warm-up, checkpoints, evaluation pauses, idle PCIe power saving, clock
 skew, lost and reordered messages) sit beside injected faults, each listed as a
 ground-truth label.
+
+A job that carries an ``envelope`` (``simulator/envelope.py``) draws what the
+documents leave open: the SMs a waiting GPU holds (one per NCCL channel), NVML's
+last-period integer ``gpu_util``, the clock the driver holds at the power limit (0x4),
+silicon and slot spread, tick jitter, stale DCGM fields, 4 or 8 NICs, a host gap in
+each step. A job without one makes exactly the samples it made before.
 """
 
 from __future__ import annotations
@@ -509,7 +516,11 @@ class Simulator:
                 slow = 1.0 + (f.severity - 1.0) * heat
                 clock /= slow
                 st.heat = heat
-                if heat >= 0.5:
+                if heat >= 0.5 and job.envelope is not None:
+                    # the driver's SW thermal slowdown first, the hardware's at full heat
+                    st.throttle |= THROTTLE_SW_THERMAL | (THROTTLE_HW_THERMAL if heat >= 1.0
+                                                          else 0)
+                elif heat >= 0.5:
                     st.throttle |= THROTTLE_HW_THERMAL
             elif f.kind == "slow_node" or (f.kind == "slow_gpu" and mine):
                 clock /= f.severity

@@ -182,3 +182,14 @@ def test_a_1f1b_pipeline_waits_in_its_bubbles() -> None:
         busy[job.kind] = statistics.fmean(r["tensor_active"] for s in samples
                                           for r in s["gpus"].values())
     assert busy["pipeline_1f1b"] < 0.75 * busy["pipeline"]  # (4 + 3) / 4 of the compute
+
+
+def test_a_thermal_creep_sets_sw_thermal_then_hw_thermal() -> None:
+    job = JobSpec("j", ["a", "b"], envelope=ENV)
+    samples, _ = _run(job, [Fault("thermal_creep", "j", "a", "1", T0, severity=1.3)], 660,
+                      tick=10.0)
+    bits = [(s["ts"] - T0, int(s["gpus"]["1"]["throttle"])) for s in samples
+            if s["node"] == "a"]
+    assert all(b & 0x60 == 0 for t, b in bits if t < 280)
+    assert all(b & 0x20 and not b & 0x40 for t, b in bits if 320 < t < 590)
+    assert all(b & 0x60 == 0x60 for t, b in bits if t > 610)
