@@ -137,17 +137,17 @@ class HealthMonitor:
         """Seconds without a sample after which ``node`` counts as silent: at least
         ``silent_seconds`` and ``SILENT_TICKS`` of its own interval (an agent may
         tick every 30 s, as dcgm-exporter's default scrape does), more where its
-        path is seen to lose more samples, at most ``MAX_SILENT_SECONDS``. A node
-        heard only once is given the job's typical interval, and while no node's
-        interval is known, the longest silence."""
-        cadence = self.cadence.get(node)
-        if cadence is None:
-            known = sorted(c[0] for c in self.cadence.values() if c[0] > 0)
-            if not known:
-                return MAX_SILENT_SECONDS
-            typical = known[len(known) // 2]
-            cadence = [typical, typical]
-        interval, mean = cadence
+        path is seen to lose more samples, at most ``MAX_SILENT_SECONDS``. Its
+        interval is at least the job's typical one (a node heard only once is given
+        that), and while no node's interval is known, the silence is the longest."""
+        known = sorted(c[0] for c in self.cadence.values() if c[0] > 0)
+        if not known:
+            return MAX_SILENT_SECONDS
+        typical = known[len(known) // 2]  # the job's agents' interval
+        interval, mean = self.cadence.get(node, [typical, typical])
+        # a node's interval, learned from its shortest gaps, is at least the job's:
+        # two samples close together (a retry, a reordered pair) do not shorten it
+        interval = max(interval, typical)
         base = max(self.p.silent_seconds, SILENT_TICKS * interval)
         arriving = min(1.0, interval / mean) if mean > 0 else 1.0
         if arriving >= 1.0 or interval <= 0:

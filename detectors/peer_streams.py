@@ -148,6 +148,14 @@ class StreamTable:
         """Key → the stream's flat list of floats (JSON-able)."""
         return dict(zip(self.keys, self.rows.tolist(), strict=True))
 
+    def offsets(self, keys: list[str], metric: int, metrics: int) -> Array:
+        """Each of ``keys``' learned offset of metric ``metric`` (0 for a stream not
+        known yet)."""
+        index = {k: i for i, k in enumerate(self.keys)}
+        column = OFF * metrics + metric
+        return np.array([self.rows[index[k], column] if k in index else 0.0 for k in keys],
+                        dtype=np.float64)
+
     def rows_for(self, keys: list[str], fresh: tuple[float, ...]) -> Array:
         """(streams × fields) for ``keys`` in order; a key not known starts ``fresh``."""
         if keys == self.keys:
@@ -267,7 +275,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
         evidence = before.max(axis=0)
         count = _learn(f, count, valid, np.clip(departure, -HUBER * job_sigma,
                                                 HUBER * job_sigma),
-            training | (evidence <= 2 * k), evidence < h / 2, bin_seconds)
+            training | (evidence <= 2 * k), evidence < h / 4, bin_seconds)
     table = np.concatenate([f.transpose(2, 0, 1).reshape(n, -1), count[:, None],
                             born[:, None]], axis=1)
     decided = _Decided(f, z, h, spec)
@@ -357,12 +365,15 @@ def _learn(f: Array, count: Array, valid: NDArray[np.bool_], residual: Array,
       trains: a plain mean over its first updates, then a slow moving average. A
       small fault keeps the sums up, so it is not learned as normal. The offset is
       not capped here (the noise is about the stream's true mean); the test caps it.
-    - Its own *variance* moves while it is ``calm`` (sums under half the threshold),
-      once it has trained: a fault during training would read as noise. The looser
-      condition lets bursts of legitimate variation (a hot expert that sits on a GPU
-      for a few bins, a reading the agent held) into the estimate, which the strict
-      one would leave out. Its lag-1 *covariance* moves only while it is quiet: a
-      small shift, summed for a few bins, would read as noise that persists.
+    - Its own *variance* moves while it is ``calm`` (sums under a quarter of the
+      threshold), once it has trained: a fault during training would read as noise.
+      The looser condition lets bursts of legitimate variation (a hot expert that
+      sits on a GPU for a few bins, a reading the agent held) into the estimate,
+      which the strict one would leave out. At half the threshold, an 8-12 % stall
+      (two to four noise units) was learned as the stream's own variance while its
+      sum climbed, and the sum stalled below the threshold (issue #45's envelope).
+      Its lag-1 *covariance* moves only while it is quiet: a small shift, summed for
+      a few bins, would read as noise that persists.
 
     ``residual`` comes clipped at ``HUBER`` level-wide noise units (a Huber
     estimate): the first bins of a fault barely move what was learned, and a
