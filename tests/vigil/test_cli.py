@@ -90,4 +90,4 @@ def test_a_missing_extra_is_a_clear_error(capsys: pytest.CaptureFixture[str],
     from vigil import commands
     monkeypatch.setattr(commands, "alerts", needs_redis)
     assert cli.main(["alerts"]) == 2
-    assert "pip install 'vigil[alerter]'" in capsys.readouterr().err
+    assert "pip install 'vigil-gpu-monitor[alerter]'" in capsys.readouterr().err
