@@ -392,6 +392,8 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text (TOML)") from None
     sections = {f.name: f.type for f in dataclasses.fields(Config)}
     hints = typing.get_type_hints(Config)
     for key in data:

@@ -147,8 +147,8 @@ def report(cfg: Config, args: argparse.Namespace) -> int:
     try:
         data = build(samples, args.job, cfg.detect)
     except ValueError as exc:
-        print(f"vigil report: {exc}", file=sys.stderr)
-        return 1
+        raise VigilError(str(exc), fix="`vigil alerts` or the trace names the jobs; check "
+                         "the job id") from None
     out = args.out or f"vigil-report-{args.job}.html"
     with open(out, "w", encoding="utf-8") as fh:
         fh.write(render(data))

@@ -13,7 +13,7 @@ import errno
 from dataclasses import dataclass
 
 from contracts.config import Config
-from contracts.errors import VigilError
+from contracts.errors import ConfigError, VigilError
 
 # command → the extra that brings its dependencies (pyproject.toml)
 EXTRA_OF = {"agent": "agent", "worker": "worker", "alerter": "alerter", "alerts": "alerter",
@@ -75,11 +75,21 @@ def _os_error(exc: OSError) -> Failure | None:
     return Failure(f"{name}: {what}")
 
 
+def _default_fix(exc: VigilError) -> str:
+    """The fix of an error raised without one, by its kind."""
+    if isinstance(exc, ConfigError):
+        return "correct it in the config file or its VIGIL_* variable; `vigil config` lists " \
+            "every setting"
+    if type(exc).__name__ == "StackError":
+        return "`vigil status` shows the local stack; its logs are under local.data_dir"
+    return ""
+
+
 def describe(exc: BaseException, command: str, cfg: Config | None) -> Failure:
     """The failure the user reads for ``exc`` raised while running ``vigil command``."""
     names = _names(exc)
     if isinstance(exc, VigilError):
-        return Failure(str(exc), exc.fix)
+        return Failure(str(exc), exc.fix or _default_fix(exc))
     if isinstance(exc, ModuleNotFoundError):
         if (exc.name or "").split(".")[0] in OWN_PACKAGES:
             return Failure(f"{exc}", bug=True)

@@ -448,8 +448,8 @@ def up(config: Config) -> None:
             _say(f"{name} already running (pid {svc.pid()}, port {svc.port})")
             continue
         if port_open(svc.port):
-            raise StackError(f"port {svc.port} for {name} is taken by another process: "
-                             f"set VIGIL_LOCAL_{name.upper()}_PORT or stop it")
+            raise StackError(f"port {svc.port} for {name} is taken by another process",
+                             fix=f"set VIGIL_LOCAL_{name.upper()}_PORT, or stop that process")
         svc.root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         starters[name](config, svc)
