@@ -119,3 +119,30 @@ def test_the_containerfile_builds_the_image_the_manifests_name() -> None:
     packages = {p.parent.name for p in root.glob("*/__init__.py")} - {"tests"}
     assert {f"COPY {p} {p}" for p in packages} <= set(text.splitlines())
     assert 'ENTRYPOINT ["vigil"]' in text and "USER 10001" in text
+
+
+def test_the_alertmanager_example_checks_and_routes_by_severity() -> None:
+    import re
+
+    from alerting.channels import labels
+    from contracts.codec import DETECTION_KINDS
+
+    config = DEPLOY / "alertmanager" / "alertmanager.yml"
+    names = {labels({"kind": k, "severity": "info", "job": "j", "id": "i", "node": None,
+                     "gpu": None})["alertname"] for k in DETECTION_KINDS}  # type: ignore[typeddict-item]
+    named = set(re.findall(r"Vigil[A-Z]\w*", config.read_text()))
+    assert named and named <= names, named - names  # no alert name Vigil never sends
+    amtool = shutil.which("amtool") or debian_binary("amtool", "prometheus-alertmanager")
+    check = subprocess.run([amtool, "check-config", str(config)], capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0 and "4 inhibit rules" in check.stdout, check.stdout + check.stderr
+
+    def receiver(*label_pairs: str) -> str:
+        return subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}",
+                               *label_pairs], capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip()
+
+    assert receiver("alertname=VigilHang", "severity=critical", "job=j") == "gpu-oncall-pager"
+    assert receiver("alertname=VigilLoadImbalance", "severity=info", "job=j") == "job-owners"
+    assert receiver("alertname=VigilStraggler", "severity=warning", "job=j") == \
+        "gpu-oncall-slack"
