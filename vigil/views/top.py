@@ -183,7 +183,7 @@ def render(snap: Snapshot, width: int = 120, height: int = 60, color: bool = Tru
         lines.append("  no worker heartbeat")
     silent = sorted({d["node"] for d in snap.incidents
                      if d["kind"] == "node_silent" and d["node"] is not None})
-    newest = max((float(j.get("ts", 0.0)) for j in snap.jobs.values()), default=None)
+    newest = max((float(j["ts"]) for j in snap.jobs.values() if "ts" in j), default=None)
     if newest is not None and snap.taken_at - newest > JOB_STALE_SECONDS:
         lines.append(f"  no fresh data: the newest job heat is {_ago(snap.taken_at - newest)} "
                      "(agents, worker or alerter stopped?)")
