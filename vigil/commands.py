@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -60,18 +60,25 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
     ensure_topics(cfg)
     pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
                          **cfg.kafka_client)
-    tick_start = time.monotonic()
-    last_ts = None
-    for sample in sim.samples(args.duration):
-        if not args.fast and sample["ts"] != last_ts:
-            last_ts = sample["ts"]
-            delay = (sample["ts"] - start) - (time.monotonic() - tick_start)
-            if delay > 0:
-                time.sleep(delay)
+    samples = sim.samples(args.duration)
+    for sample in (samples if args.fast else paced(samples, start)):
         pub.publish(sample)
     pub.close()
     log.info("published %d samples (%d failed)", pub.sent, pub.failed)
     return 0 if pub.failed == 0 else 1
+
+
+def paced(samples: Iterable[Sample], start: float,
+          clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> Iterator[Sample]:
+    """The samples, each handed on no sooner than its timestamp's distance from
+    ``start`` after the first: event time never runs ahead of the wall clock."""
+    began = clock()
+    for sample in samples:
+        delay = (sample["ts"] - start) - (clock() - began)
+        if delay > 0:
+            sleep(delay)
+        yield sample
 
 
 def trace_samples(path: str, progress: Progress | None = None) -> Iterator[Sample]:
