@@ -184,7 +184,7 @@ def alerts(cfg: Config, args: argparse.Namespace) -> int:
     if not rows:
         print("no open incidents")
     else:
-        print(f"{'incident':16} {'severity':8} {'kind':13} {'job':12} {'where':28} "
+        print(f"{'id':16} {'severity':8} {'kind':13} {'job':12} {'where':28} "
               f"{'GPU-h/h':>8} summary")
     for det in by_cost(rows):
         where = location(det["node"], det["gpu"])
