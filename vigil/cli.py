@@ -227,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Long-running services: their INFO logs (their own and their clients') are their record.
 DAEMONS = frozenset({"agent", "worker", "alerter"})
+BUG = 70  # sysexits EX_SOFTWARE: an internal error, not the user's to fix
 
 
 def configure_logging(command: str, verbose: bool) -> None:
@@ -256,7 +257,7 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vigil` console script: every failure ends in one line on
     stderr naming the problem and its fix, and a non-zero status (2: the user's or the
-    environment's to fix; 3: a bug, whose traceback ``--debug`` shows)."""
+    environment's to fix; ``BUG``: a bug, whose traceback ``--debug`` shows)."""
     args = build_parser().parse_args(argv)
     configure_logging(args.command, args.verbose)
     cfg: Config | None = None
@@ -270,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         sys.stderr.write(failure.line() + "\n")
-        return 3 if failure.bug else 2
+        return BUG if failure.bug else 2
 
 
 if __name__ == "__main__":

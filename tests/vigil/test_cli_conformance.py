@@ -296,10 +296,10 @@ def test_a_bug_is_one_line_and_its_traceback_needs_debug(in_workdir: Path,
 
     monkeypatch.setattr(commands, "replay", broken)
     code, err = run(["replay", TRACE], capsys)
-    assert code == 3 and "Traceback" not in err and len(err.splitlines()) == 1
+    assert code == 70 and "Traceback" not in err and len(err.splitlines()) == 1
     assert "bug in Vigil" in err and "--debug" in err
     code, err = run(["--debug", "replay", TRACE], capsys)
-    assert code == 3 and "Traceback" in err and "KeyError: 'boom'" in err
+    assert code == 70 and "Traceback" in err and "KeyError: 'boom'" in err
 
 
 def test_version_and_help_with_a_default_for_every_option(capsys: pytest.CaptureFixture[str],
