@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from contracts import config as config_mod
-from contracts.codec import SEVERITIES
+from contracts.codec import DETECTION_KINDS, SEVERITIES
 from contracts.config import Config
 from vigil.failures import DIST, OWN_PACKAGES, describe
 
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     alerts = add("alerts", _command("alerts"),
               "list open incidents from Redis")
     alerts.add_argument("--job", help="only this job")
-    alerts.add_argument("--kind", help="only this detection kind")
+    alerts.add_argument("--kind", choices=DETECTION_KINDS, help="only this detection kind")
     alerts.add_argument("--severity", choices=SEVERITIES, help="only this severity")
 
     top = add("top", _top, "live view: per-GPU heat, open incidents, pipeline health")
