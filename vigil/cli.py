@@ -16,8 +16,16 @@ from vigil.failures import DIST, OWN_PACKAGES, describe
 Handler = Callable[[Config, argparse.Namespace], int]
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows each option's default (where it has one)."""
+class HelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default, where it has one worth showing (not an
+    unset option or a flag that is off) and its help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (action.option_strings and "default" not in text and action.default not in (
+                None, False, argparse.SUPPRESS)):
+            text += " (default: %(default)s)"
+        return text
 
 
 def _command(name: str) -> Handler:
