@@ -25,6 +25,8 @@ from producers.reading import Source
 from producers.sampler import AdaptiveSampler, SamplingConfig
 
 log = logging.getLogger("vigil.agent")
+# sources that read the node's GPUs: when they read none, the node is not published
+GPU_SOURCES = frozenset({"nvml", "fake-nvml", "dcgm", "trace"})
 
 
 class JsonLinesSink:
@@ -127,7 +129,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         sink = BufferedPublisher(cfg.kafka_bootstrap,
                                  topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
                                  capacity=a.buffer_capacity, spool=spool, **cfg.kafka_client)
-    agent = Agent(a.node or socket.gethostname(), sources, sink, sampler, job_of)
+    agent = Agent(a.node or socket.gethostname(), sources, sink, sampler, job_of,
+                  gpu_sources=GPU_SOURCES)
     if a.metrics_port:
         _serve_metrics(cfg, agent, sink)
     stop = threading.Event()
@@ -144,7 +147,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     try:
         agent.tick()
         if agent.blind_ticks:  # at start: a misconfigured node, told now, not later
-            raise VigilError(f"no source of this node read anything on its first tick "
+            raise VigilError(f"this node's sources read no GPU on the first tick "
                              f"({_failures(agent)}); nothing was published",
                              fix="check each source (--sources, agent.dcgm_url, the NVIDIA "
                              "driver), or `vigil agent --out - --ticks 1` to try")

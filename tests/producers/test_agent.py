@@ -150,3 +150,27 @@ def test_a_node_whose_every_source_failed_is_never_published_as_healthy() -> Non
     empty.down = False  # one source reads again: the node is published, the streak ends
     agent.tick()
     assert len(sink.samples) == 1 and sink.samples[0]["gpus"] and agent.blind_ticks == 0
+
+
+def test_a_node_whose_gpu_sources_read_no_gpu_is_not_published() -> None:
+    """The host still reads, but the GPU source (an unreachable dcgm-exporter) does not:
+    a sample without GPUs would read as a healthy node with nothing on it."""
+
+    class Host:
+        def read(self, now: float) -> Reading:
+            return Reading(host={"cpu_util": 0.3})
+
+    sink = ListSink()
+    dcgm = Flaky(fail=False)
+    clock = iter(range(1000))
+    agent = Agent("n1", {"dcgm": dcgm, "host": Host()}, sink, None, StaticJob("j"),
+                  monotonic=lambda: float(next(clock)), gpu_sources=frozenset({"dcgm"}))
+    agent.tick()
+    assert sink.samples == [] and agent.errors["blind"] == 1
+    dcgm.down = False
+    agent.tick()
+    assert sink.samples[0]["gpus"] and sink.samples[0]["host"]
+    alone = Agent("n2", {"host": Host()}, ListSink(), None, StaticJob("j"),
+                  gpu_sources=frozenset({"dcgm"}))  # no GPU source configured: host only
+    alone.tick()
+    assert alone.sink.samples and not alone.errors  # type: ignore[attr-defined]

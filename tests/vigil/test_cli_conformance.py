@@ -207,7 +207,7 @@ def test_a_bad_file_is_one_line(path: str, names: str, in_workdir: Path,
     for argv in FILE_COMMANDS:
         code, err = run([a.format(path) for a in argv], capsys)
         if argv[0] == "agent":  # the trace source fails inside the agent's first tick
-            assert_one_line_failure(code, err, "no source of this node read anything")
+            assert_one_line_failure(code, err, "read no GPU on the first tick")
         else:
             assert_one_line_failure(code, err, names)
             assert path in err
