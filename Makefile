@@ -11,9 +11,11 @@ TEST_ENV := VIGIL_LOCAL_DATA_DIR=.vigil/test-stack VIGIL_LOCAL_KAFKA_PORT=29092 
 
 .PHONY: install test lint unit soak fleet-soak demo up down clean
 
+# The distribution was called "vigil" before issue #48: its editable install is dropped.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip uninstall -q -y vigil 2>/dev/null || true
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 

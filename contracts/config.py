@@ -19,6 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from contracts.codec import MAX_MESSAGE_BYTES
 from contracts.errors import ConfigError
+from contracts.limits import check as check_ranges
+from contracts.limits import hide_password
 
 
 class Secret:
@@ -390,6 +392,8 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text (TOML)") from None
     sections = {f.name: f.type for f in dataclasses.fields(Config)}
     hints = typing.get_type_hints(Config)
     for key in data:
@@ -404,6 +408,7 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
             raise ConfigError(f"environment: {name} names no config section")
         data.setdefault(section, {})[rest[len(section) + 1:]] = value
     config = Config(**{s: _section(hints[s], data.get(s, {}), s) for s in sections})
+    check_ranges(config)
     _check_kafka_security(config.kafka)
     if config.local.kafka_tls not in ("", "tls", "mutual"):
         raise ConfigError(f"local.kafka_tls {config.local.kafka_tls!r}: '', 'tls' or 'mutual'")
@@ -451,7 +456,9 @@ def describe(config: Config) -> str:
         lines.append(f"[{section.name}]")
         for f in dataclasses.fields(getattr(config, section.name)):
             value = getattr(getattr(config, section.name), f.name)
-            if isinstance(value, Secret):
+            if isinstance(value, Secret) and f"{section.name}.{f.name}" == "redis.url":
+                value = hide_password(value.reveal())  # the host and database stay readable
+            elif isinstance(value, Secret):
                 value = mask_url(value.reveal()) if "://" in value.reveal() else "***"
             lines.append(f"{f.name} = {value!r}")
         lines.append("")

@@ -2,7 +2,16 @@
 
 
 class VigilError(Exception):
-    """Root of every error Vigil raises on purpose."""
+    """Root of every error Vigil raises on purpose: ``str(error)`` names the problem in
+    one line, ``fix`` (when known) says in one line what to do about it. The command line
+    prints both on one line and exits non-zero; a traceback is for bugs alone."""
+
+    fix: str = ""
+
+    def __init__(self, *args: object, fix: str = "") -> None:
+        super().__init__(*args)
+        if fix:
+            self.fix = fix
 
 
 class ContractError(VigilError):

@@ -11,6 +11,12 @@ its range, not finite) is taken out before the sampler sees it (so it is never
 averaged into a published mean), counted per metric and reason
 (``vigil_agent_readings_dropped_total``) and logged once per metric and reason; the
 node's other readings are published.
+
+A tick in which no source read anything (every source failed, or answered empty), or
+in which the node's GPU sources (``gpu_sources``) read no GPU, is never published: a
+sample without GPUs would read as a node with nothing wrong. The node then reads as
+silent downstream (``node_silent``), the agent counts it
+(``vigil_agent_errors_total{kind="blind"}``) and logs it once per streak.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ class Agent:
     def __init__(self, node: str, sources: dict[str, Source], sink: Sink,
                  sampler: AdaptiveSampler | None, job_of: Callable[[], str],
                  wall: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 gpu_sources: frozenset[str] = frozenset()) -> None:
         self.node = node
         self.sources = sources
         self.sink = sink
@@ -54,11 +61,14 @@ class Agent:
         self.wall = wall
         self.monotonic = monotonic
         self.errors: Counter[str] = Counter()
+        self.gpu_sources = gpu_sources  # sources that read GPUs: none read = blind
+        self.blind_ticks = 0  # consecutive ticks in which nothing (or no GPU) was read
         self.dropped: Counter[tuple[str, str]] = Counter()  # (metric, reason) → readings
         self.ticks = 0
 
     def tick(self) -> Sample:
-        """Read, sample and publish once; returns the sample handed to the sink."""
+        """Read, sample and publish once; returns the sample built (not handed to the
+        sink when no source read anything: ``blind_ticks`` counts those)."""
         now = self.monotonic()
         reading = Reading()
         for name, source in self.sources.items():
@@ -75,6 +85,18 @@ class Agent:
             "meta": {"agent": AGENT_VERSION, **{k: v for k, v in reading.meta.items()
                                                  if k in META_KEYS}},
         }
+        if not (reading.gpus or reading.host or reading.nics) or (
+                self.gpu_sources & set(self.sources) and not reading.gpus):
+            self.errors["blind"] += 1
+            self.blind_ticks += 1
+            if self.blind_ticks == 1:
+                log.error("no GPU or no reading at all from %s: nothing published, so the "
+                          "node reads as silent rather than healthy", ", ".join(self.sources))
+            self.ticks += 1
+            return sample
+        if self.blind_ticks:
+            log.info("sources read again after %d blind tick(s)", self.blind_ticks)
+            self.blind_ticks = 0
         for bad in drop_bad_readings(sample):
             key = (bad.metric, bad.reason)
             if key not in self.dropped:  # once per metric and reason, not every tick

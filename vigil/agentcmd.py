@@ -16,7 +16,7 @@ from typing import Any
 from contracts import topics
 from contracts.codec import encode_sample
 from contracts.config import Config
-from contracts.errors import ConfigError
+from contracts.errors import ConfigError, VigilError
 from contracts.messages import Sample
 from producers.agent import Agent
 from producers.attribution import SlurmJob, StaticJob
@@ -25,6 +25,8 @@ from producers.reading import Source
 from producers.sampler import AdaptiveSampler, SamplingConfig
 
 log = logging.getLogger("vigil.agent")
+# sources that read the node's GPUs: when they read none, the node is not published
+GPU_SOURCES = frozenset({"nvml", "fake-nvml", "dcgm", "trace"})
 
 
 class JsonLinesSink:
@@ -127,7 +129,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         sink = BufferedPublisher(cfg.kafka_bootstrap,
                                  topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
                                  capacity=a.buffer_capacity, spool=spool, **cfg.kafka_client)
-    agent = Agent(a.node or socket.gethostname(), sources, sink, sampler, job_of)
+    agent = Agent(a.node or socket.gethostname(), sources, sink, sampler, job_of,
+                  gpu_sources=GPU_SOURCES)
     if a.metrics_port:
         _serve_metrics(cfg, agent, sink)
     stop = threading.Event()
@@ -139,13 +142,23 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     log.info("agent on %s: sources %s, %s", agent.node, ", ".join(sources),
              f"adaptive {a.base_interval}-{a.max_interval}s" if sampler else "every tick")
+    wait = a.base_interval if not (args.ticks and args.fast) else 0
+    blind = 0
     try:
+        agent.tick()
+        if agent.blind_ticks:  # at start: a misconfigured node, told now, not later
+            raise VigilError(f"this node's sources read no GPU on the first tick "
+                             f"({_failures(agent)}); nothing was published",
+                             fix="check each source (--sources, agent.dcgm_url, the NVIDIA "
+                             "driver), or `vigil agent --out - --ticks 1` to try")
+        stop.wait(wait)
         if args.ticks:
-            for _ in range(args.ticks):
+            for _ in range(args.ticks - 1):
                 if stop.is_set():
                     break
                 agent.tick()
-                stop.wait(a.base_interval if not args.fast else 0)
+                blind += agent.blind_ticks > 0
+                stop.wait(wait)
         else:
             agent.run(a.base_interval, stop)
     finally:
@@ -156,4 +169,15 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
                 close()
         log.info("agent stopped after %d ticks; flushed=%s dropped=%s errors=%s", agent.ticks,
                  flushed, getattr(sink, "dropped", 0), dict(agent.errors))
+    if args.ticks and args.ticks > 1 and blind == args.ticks - 1:
+        log.error("no source read anything on any tick: nothing was published")
+        return 1
     return 0 if flushed else 1
+
+
+def _failures(agent: Agent) -> str:
+    """What each source said when it failed (error counters of the agent and sources)."""
+    said = [key.split(":", 1)[1] for key in agent.errors if key.startswith("source:")]
+    for name, source in agent.sources.items():
+        said.extend(f"{name}: {kind}" for kind in getattr(source, "errors", {}) or {})
+    return ", ".join(said) or "every source answered empty"

@@ -5,14 +5,27 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from contracts import config as config_mod
-from contracts.codec import SEVERITIES
+from contracts.codec import DETECTION_KINDS, SEVERITIES
 from contracts.config import Config
-from contracts.errors import VigilError
+from vigil.failures import DIST, OWN_PACKAGES, describe
 
 Handler = Callable[[Config, argparse.Namespace], int]
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default, where it has one worth showing (not an
+    unset option or a flag that is off) and its help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (action.option_strings and "default" not in text and action.default not in (
+                None, False, argparse.SUPPRESS)):
+            text += " (default: %(default)s)"
+        return text
 
 
 def _command(name: str) -> Handler:
@@ -64,6 +77,8 @@ def _agent(cfg: Config, args: argparse.Namespace) -> int:
 def _worker(cfg: Config, args: argparse.Namespace) -> int:
     from streams.worker import run_worker
     from vigil.ops.kafka_admin import ensure_topics
+    from vigil.reach import require_kafka
+    require_kafka(cfg)
     replication = ensure_topics(cfg)
     return run_worker(cfg, replication.factor)
 
@@ -72,11 +87,10 @@ def _worker(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _top(cfg: Config, args: argparse.Namespace) -> int:
-    import redis
-
     from alerting.state import LiveState
+    from vigil.reach import redis_client
     from vigil.views import top
-    state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    state = LiveState(redis_client(cfg), cfg.redis.key_prefix)
     return top.run(state, args.interval, args.once, False if args.no_color else None)
 
 
@@ -93,13 +107,19 @@ def _bench(cfg: Config, args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand and its flags."""
-    parser = argparse.ArgumentParser(prog="vigil", description=__doc__)
-    parser.add_argument("--config", help="TOML config file (default: $VIGIL_CONFIG)")
+    parser = argparse.ArgumentParser(prog="vigil", description=__doc__,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--config", help="TOML config file (default: $VIGIL_CONFIG, else "
+                        "built-in defaults; `vigil config` shows them)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of a failure (for bug reports)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           formatter_class=HelpFormatter)
         p.set_defaults(handler=handler)
         return p
 
@@ -112,11 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
               "publish a synthetic cluster's samples (or write a trace)")
     sim.add_argument("--out", help="write JSON lines to this file ('-' = stdout) instead of Kafka")
     sim.add_argument("--duration", type=float, default=240.0, help="simulated seconds")
-    sim.add_argument("--seed", type=int, default=7)
+    sim.add_argument("--seed", type=int, default=7, help="random seed (same seed, same samples)")
     sim.add_argument("--jobs", type=int, default=2, help="number of jobs")
     sim.add_argument("--nodes", type=int, default=4, help="nodes per job")
     sim.add_argument("--start", type=float, default=None, help="first timestamp (default: now)")
-    sim.add_argument("--realtime", action="store_true", help="pace publishing at 1 tick/s")
+    sim.add_argument("--fast", action="store_true",
+                     help="publish to Kafka as fast as possible instead of at the pace of the "
+                     "samples' timestamps (their event time then runs ahead of the clock)")
+    sim.add_argument("--realtime", action="store_true", help=argparse.SUPPRESS)  # the default
     sim.add_argument("--labels", help="write the ground-truth fault labels (JSON) here")
     sim.add_argument("--slow-after", type=float, default=60.0,
                      help="seconds until the injected GPU slows down")
@@ -146,13 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
     sel = add("select-metrics", _command("select_metrics"),
               "pick representative GPU metrics from a trace (Moneo §2.2)")
     sel.add_argument("trace", help="trace file of vigil.sample/1 lines, '-' for stdin")
-    sel.add_argument("--min-variance", type=float, default=1e-4)
-    sel.add_argument("--max-distance", type=float, default=0.05)
+    sel.add_argument("--min-variance", type=float, default=1e-4,
+                     help="a metric whose scaled variance is below this is constant, dropped")
+    sel.add_argument("--max-distance", type=float, default=0.05,
+                     help="metrics nearer than this (Moneo distance) form one group")
 
     bench = add("bench", _bench, "measure detection quality against the static-rules baseline")
-    bench.add_argument("what", choices=["detect"])
+    bench.add_argument("what", choices=["detect"], help="what to measure")
     bench.add_argument("--sizes", default="2,4,8,16,32,64", help="job sizes in nodes")
-    bench.add_argument("--seeds", default="1,2")
+    bench.add_argument("--seeds", default="1,2", help="simulator seeds, comma list")
     bench.add_argument("--json", help="also write the figures here")
     bench.add_argument("--list", dest="verbose_results", action="store_true",
                        help="list every miss and false alarm")
@@ -166,8 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     alerts = add("alerts", _command("alerts"),
               "list open incidents from Redis")
     alerts.add_argument("--job", help="only this job")
-    alerts.add_argument("--kind", help="only this detection kind")
-    alerts.add_argument("--severity", choices=SEVERITIES)
+    alerts.add_argument("--kind", choices=DETECTION_KINDS, help="only this detection kind")
+    alerts.add_argument("--severity", choices=SEVERITIES, help="only this severity")
 
     top = add("top", _top, "live view: per-GPU heat, open incidents, pipeline health")
     top.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
@@ -176,45 +201,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     sil = add("silence", _command("silence"),
               "silence notifications matching labels (Redis-wide)")
-    sil.add_argument("action", choices=["add", "list", "expire"])
+    sil.add_argument("action", choices=["add", "list", "expire"],
+                     help="add a silence, list the active ones, or expire one by id")
     sil.add_argument("id", nargs="?", help="silence id (expire)")
     sil.add_argument("--match", action="append",
                      help="label=value (kind, severity, job, node, gpu, incident; * globs)")
     sil.add_argument("--for", dest="duration", default="1h", help="90s, 30m, 2h, 1d")
-    sil.add_argument("--comment")
+    sil.add_argument("--comment", help="why (kept with the silence)")
     sil.add_argument("--by", help="who (default: login name)")
 
     act = add("actions", _command("actions"),
               "the remediation audit: every decision and why")
     act.add_argument("--job", help="only this job")
     act.add_argument("--node", help="only this node")
-    act.add_argument("--count", type=int, default=50)
+    act.add_argument("--count", type=int, default=50, help="newest decisions to show")
 
     add("nodes", _command("nodes"),
         "nodes Vigil holds out of service: state, since when, why, GPU-hours out")
 
     rep_ = add("repair", _command("repair"),
                "report a node Vigil took out as repaired: it is verified, then returned")
-    rep_.add_argument("what", choices=["done"])
-    rep_.add_argument("node")
+    rep_.add_argument("what", choices=["done"], help="done: the node was repaired")
+    rep_.add_argument("node", help="the node, as `vigil nodes` names it")
     rep_.add_argument("--note", help="what was done (kept in the audit)")
     rep_.add_argument("--by", help="who (default: login name)")
 
     ackp = add("ack", _command("ack"),
               "acknowledge an incident: pagers stop re-notifying it")
-    ackp.add_argument("incident")
+    ackp.add_argument("incident", help="incident id, as `vigil alerts` shows it")
     ackp.add_argument("--by", help="who (default: login name)")
     return parser
 
 
 # Long-running services: their INFO logs (their own and their clients') are their record.
 DAEMONS = frozenset({"agent", "worker", "alerter"})
-OWN_PACKAGES = ("vigil", "contracts", "producers", "simulator", "detectors", "streams",
-                "alerting")
-# command → the extra that brings its dependencies (pyproject.toml)
-EXTRA_OF = {"agent": "agent", "worker": "worker", "alerter": "alerter", "alerts": "alerter",
-            "top": "alerter", "silence": "alerter", "ack": "alerter", "actions": "alerter",
-            "nodes": "alerter", "repair": "alerter"}
+BUG = 70  # sysexits EX_SOFTWARE: an internal error, not the user's to fix
 
 
 def configure_logging(command: str, verbose: bool) -> None:
@@ -232,25 +253,33 @@ def configure_logging(command: str, verbose: bool) -> None:
         logging.getLogger(own).setLevel(own_level)
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return version(DIST)
+    except PackageNotFoundError:  # a source tree that was never installed
+        from vigil import __version__
+        return __version__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `vigil` console script."""
+    """Entry point of the `vigil` console script: every failure ends in one line on
+    stderr naming the problem and its fix, and a non-zero status (2: the user's or the
+    environment's to fix; ``BUG``: a bug, whose traceback ``--debug`` shows)."""
     args = build_parser().parse_args(argv)
     configure_logging(args.command, args.verbose)
+    cfg: Config | None = None
     try:
         cfg = config_mod.load(args.config)
         return int(args.handler(cfg, args))
-    except VigilError as exc:
-        print(f"vigil: error: {exc}", file=sys.stderr)
-        return 2
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] in OWN_PACKAGES:
-            raise  # our own code is broken, not the install
-        extra = EXTRA_OF.get(args.command, "report")
-        print(f"vigil: error: `vigil {args.command}` needs {exc.name!r}, which this install "
-              f"lacks: pip install 'vigil[{extra}]'", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the one place every failure is told
+        failure = describe(exc, args.command, cfg)
+        if args.debug:
+            traceback.print_exc()
+        sys.stderr.write(failure.line() + "\n")
+        return BUG if failure.bug else 2
 
 
 if __name__ == "__main__":

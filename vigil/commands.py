@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -15,13 +15,14 @@ from contracts import topics
 from contracts.codec import (
     ContractError,
     decode_sample,
-    decode_trace,
     encode_detection,
     encode_sample,
 )
 from contracts.config import Config
+from contracts.errors import VigilError
 from contracts.messages import Sample, location
 from vigil.progress import Progress
+from vigil.reach import redis_client, require_kafka
 
 log = logging.getLogger("vigil")
 
@@ -36,7 +37,9 @@ def _open(path: str, mode: str) -> Iterator[IO[Any]]:
 
 
 def simulate(cfg: Config, args: argparse.Namespace) -> int:
-    """Publish (or write) the demo cluster's samples; optionally pace them in real time."""
+    """Publish (or write) the demo cluster's samples. To Kafka they go at the pace of
+    their timestamps (event time), so the live view never sees data from the future;
+    ``--fast`` publishes them as fast as Kafka takes them (tests, benchmarks)."""
     from simulator.cluster import Simulator, demo_cluster
 
     start = args.start if args.start is not None else time.time()
@@ -53,40 +56,40 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
     from producers.publisher import KafkaPublisher
     from vigil.ops.kafka_admin import ensure_topics
 
+    require_kafka(cfg)
     ensure_topics(cfg)
     pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
                          **cfg.kafka_client)
-    tick_start = time.monotonic()
-    last_ts = None
-    for sample in sim.samples(args.duration):
-        if args.realtime and sample["ts"] != last_ts:
-            last_ts = sample["ts"]
-            delay = (sample["ts"] - start - 1.0) - (time.monotonic() - tick_start)
-            if delay > 0:
-                time.sleep(delay)
+    samples = sim.samples(args.duration)
+    for sample in (samples if args.fast else paced(samples, start)):
         pub.publish(sample)
     pub.close()
     log.info("published %d samples (%d failed)", pub.sent, pub.failed)
     return 0 if pub.failed == 0 else 1
 
 
+def paced(samples: Iterable[Sample], start: float,
+          clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> Iterator[Sample]:
+    """The samples, each handed on no sooner than its timestamp's distance from
+    ``start`` after the first: event time never runs ahead of the wall clock."""
+    began = clock()
+    for sample in samples:
+        delay = (sample["ts"] - start) - (clock() - began)
+        if delay > 0:
+            sleep(delay)
+        yield sample
+
+
 def trace_samples(path: str, progress: Progress | None = None) -> Iterator[Sample]:
-    """Valid samples of a JSON-lines trace; bad lines are logged with their reason."""
-    bad: list[int] = []
+    """Valid samples of a trace (plain, gzip or zstd JSON lines); invalid lines are
+    summarised once, and a trace with none valid is an error (``vigil.tracefile``)."""
+    from vigil.tracefile import read_samples
 
-    def invalid(lineno: int, exc: ContractError) -> None:
-        bad.append(lineno)
-        log.warning("line %d skipped: %s", lineno, exc)
-
-    from streams.decode import decode_sample_fast  # msgspec: parse and validate at once
-
-    with _open(path, "rb") as trace:
-        for count, sample in enumerate(decode_trace(trace, invalid, decode_sample_fast), 1):
-            if progress is not None:
-                progress.update(f"{count + len(bad):,} lines, {len(bad)} invalid")
-            yield sample
-    if bad:
-        log.warning("%s: %d invalid lines skipped", path, len(bad))
+    for count, sample in enumerate(read_samples(path), 1):
+        if progress is not None:
+            progress.update(f"{count:,} samples")
+        yield sample
 
 
 def replay(cfg: Config, args: argparse.Namespace) -> int:
@@ -112,6 +115,7 @@ def topic_samples(cfg: Config, job: str, progress: Progress | None = None,
     from kafka import KafkaConsumer, TopicPartition
 
     name = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
+    require_kafka(cfg)
     consumer = KafkaConsumer(bootstrap_servers=cfg.kafka_bootstrap, enable_auto_commit=False,
                              **cfg.kafka_client)
     try:
@@ -150,8 +154,8 @@ def report(cfg: Config, args: argparse.Namespace) -> int:
     try:
         data = build(samples, args.job, cfg.detect)
     except ValueError as exc:
-        print(f"vigil report: {exc}", file=sys.stderr)
-        return 1
+        raise VigilError(str(exc), fix="`vigil alerts` or the trace names the jobs; check "
+                         "the job id") from None
     out = args.out or f"vigil-report-{args.job}.html"
     with open(out, "w", encoding="utf-8") as fh:
         fh.write(render(data))
@@ -163,31 +167,31 @@ def alerter(cfg: Config, args: argparse.Namespace) -> int:
     """Consume detections into Redis live state until stopped."""
     from alerting.service import run_alerter
 
+    require_kafka(cfg)
     return run_alerter(cfg, max_seconds=args.max_seconds)
 
 
 def alerts(cfg: Config, args: argparse.Namespace) -> int:
     """Print open incidents from Redis, costliest first (GPU-hours lost per hour;
     those without an estimate after, newest first)."""
-    import redis
-
     from alerting.cost import by_cost, lost_per_hour
     from alerting.state import LiveState
 
-    state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    state = LiveState(redis_client(cfg), cfg.redis.key_prefix)
     rows = state.open_incidents(job=args.job)
     rows = [r for r in rows if (not args.kind or r["kind"] == args.kind)
             and (not args.severity or r["severity"] == args.severity)]
     if not rows:
         print("no open incidents")
     else:
-        print(f"{'severity':8} {'kind':13} {'job':12} {'where':28} {'GPU-h/h':>8} summary")
+        print(f"{'id':16} {'severity':8} {'kind':13} {'job':12} {'where':28} "
+              f"{'GPU-h/h':>8} summary")
     for det in by_cost(rows):
         where = location(det["node"], det["gpu"])
         lost = lost_per_hour(det)
         cost = "–" if lost is None else f"{lost:.3g}"
-        print(f"{det['severity']:8} {det['kind']:13} {det['job']:12} {where:28} {cost:>8} "
-              f"{det['summary']}")
+        print(f"{det['id']:16} {det['severity']:8} {det['kind']:13} {det['job']:12} "
+              f"{where:28} {cost:>8} {det['summary']}")
     return 0
 
 
@@ -225,42 +229,66 @@ def select_metrics(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _silences(cfg: Config) -> Any:
-    import redis
-
     from alerting.silences import SilenceStore
 
-    return SilenceStore(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    return SilenceStore(redis_client(cfg), cfg.redis.key_prefix)
 
 
 def _duration(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
-        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+        seconds = float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
     except (ValueError, IndexError):
-        raise ContractError("bad_value", f"duration {text!r}: use 90s, 30m, 2h or 1d") from None
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise VigilError(f"--for {text!r} is not a duration", fix="use 90s, 30m, 2h or 1d")
+    return seconds
+
+
+# the labels a detection carries, which a silence may match (alerting/silences.py)
+SILENCE_LABELS = ("kind", "severity", "job", "node", "gpu", "incident")
+
+
+def _matchers(items: list[str]) -> dict[str, str]:
+    """``--match label=value`` options, refused when no detection could carry them: an
+    unknown label, or a kind or severity that matches none (a misspelt silence would
+    silence nothing, silently)."""
+    import fnmatch
+
+    from contracts.codec import DETECTION_KINDS, SEVERITIES
+
+    matchers: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise VigilError(f"--match {item!r} is not label=value",
+                             fix="for example --match kind=straggler --match job='prod-*'")
+        if key not in SILENCE_LABELS:
+            raise VigilError(f"--match {item!r}: no detection carries a label {key!r}",
+                             fix=f"use one of {', '.join(SILENCE_LABELS)}")
+        known = {"kind": DETECTION_KINDS, "severity": SEVERITIES}.get(key)
+        if known is not None and not fnmatch.filter(known, value):
+            raise VigilError(f"--match {item!r}: no detection has {key} {value!r}",
+                             fix=f"use one of {', '.join(known)}")
+        matchers[key] = value
+    if not matchers:
+        raise VigilError("a silence needs at least one --match label=value",
+                         fix="for example --match kind=straggler")
+    return matchers
 
 
 def silence(cfg: Config, args: argparse.Namespace) -> int:
     """Add, list or expire silences (shared by every alerter through Redis)."""
     import getpass
 
-    store = _silences(cfg)
     if args.action == "add":
-        matchers = {}
-        for item in args.match or []:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                print(f"vigil: --match {item!r}: use label=value", file=sys.stderr)
-                return 2
-            matchers[key] = value
-        if not matchers:
-            print("vigil: a silence needs at least one --match label=value", file=sys.stderr)
-            return 2
-        ident = store.add(matchers, _duration(args.duration), args.by or getpass.getuser(),
-                          args.comment or "")
+        matchers = _matchers(args.match or [])
+        seconds = _duration(args.duration)
+        store = _silences(cfg)
+        ident = store.add(matchers, seconds, args.by or getpass.getuser(), args.comment or "")
         print(f"silence {ident}")
     elif args.action == "list":
-        active = store.active()
+        active = _silences(cfg).active()
         if not active:
             print("no active silences")
         for ident, s in sorted(active.items(), key=lambda kv: kv[1]["ends_at"]):
@@ -268,9 +296,12 @@ def silence(cfg: Config, args: argparse.Namespace) -> int:
             match = " ".join(f"{k}={v}" for k, v in s["matchers"].items())
             print(f"{ident}  {match:40} {left:6.0f} min left  by {s['by']}: {s['comment']}")
     elif args.action == "expire":
-        if not args.id or not store.expire(args.id):
-            print(f"vigil: no silence {args.id!r}", file=sys.stderr)
-            return 1
+        if not args.id:
+            raise VigilError("`vigil silence expire` needs the silence's id",
+                             fix="`vigil silence list` shows the ids")
+        if not _silences(cfg).expire(args.id):
+            raise VigilError(f"no active silence {args.id!r}",
+                             fix="`vigil silence list` shows the ids")
         print(f"silence {args.id} expired")
     return 0
 
@@ -279,9 +310,24 @@ def ack(cfg: Config, args: argparse.Namespace) -> int:
     """Acknowledge an incident: pager channels stop re-notifying it."""
     import getpass
 
-    _silences(cfg).ack(args.incident, args.by or getpass.getuser())
+    from alerting.state import LiveState
+
+    store = _silences(cfg)
+    state = LiveState(store.r, cfg.redis.key_prefix)
+    if not any(d["id"] == args.incident for d in state.open_incidents()):
+        pattern = state.incident_key("*", _glob_escape(args.incident))
+        if next(iter(store.r.scan_iter(match=pattern, count=1000)), None) is None:
+            raise VigilError(f"no incident {args.incident!r}",
+                             fix="`vigil alerts` lists the open incidents with their ids")
+        print(f"{args.incident} is resolved already", file=sys.stderr)
+    store.ack(args.incident, args.by or getpass.getuser())
     print(f"acknowledged {args.incident}")
     return 0
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis SCAN pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def _when(ts: float) -> str:
@@ -291,12 +337,10 @@ def _when(ts: float) -> str:
 def actions(cfg: Config, args: argparse.Namespace) -> int:
     """Print the remediation audit (every decision, acted on or not, and why), then
     each node's repair lifecycle: every state change, why, and who made it."""
-    import redis
-
     from alerting.remediation import audit_log
     from alerting.repair import RepairLog
 
-    r = redis.Redis.from_url(cfg.redis_url)
+    r = redis_client(cfg)
     rows = audit_log(r, cfg.redis.key_prefix, args.count)
     rows = [x for x in rows if (not args.job or x["job"] == args.job)
             and (not args.node or x["node"] == args.node)]
@@ -319,11 +363,9 @@ def actions(cfg: Config, args: argparse.Namespace) -> int:
 
 def nodes(cfg: Config, args: argparse.Namespace) -> int:
     """Nodes Vigil holds out of service: state, since when, why, GPU-hours out."""
-    import redis
-
     from alerting.repair import RepairLog, gpu_hours
 
-    out = RepairLog(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix).out_nodes()
+    out = RepairLog(redis_client(cfg), cfg.redis.key_prefix).out_nodes()
     if not out:
         print("no nodes out of service")
         return 0
@@ -341,15 +383,12 @@ def repair(cfg: Config, args: argparse.Namespace) -> int:
     and returns it (or holds it out with the reason)."""
     import getpass
 
-    import redis
-
     from alerting.repair import RepairLog, TransitionRefused, repair_done
 
-    log_ = RepairLog(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
+    log_ = RepairLog(redis_client(cfg), cfg.redis.key_prefix)
     try:
         repair_done(log_, args.node, args.by or getpass.getuser(), args.note or "")
     except TransitionRefused as exc:
-        print(f"vigil: {exc}", file=sys.stderr)
-        return 1
+        raise VigilError(str(exc), fix="`vigil nodes` lists the nodes Vigil holds out") from None
     print(f"{args.node}: verifying (the alerter runs the check, then watches the evidence)")
     return 0

@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import pytest
 import yaml
 
 from vigil.ops.localstack import debian_binary
@@ -87,3 +88,61 @@ def test_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
 
     assert verify(unit) == ""
     assert "Unknown key" in verify(unit.replace("NoNewPrivileges=yes", "NoNewPrivilegez=yes"))
+
+
+@pytest.mark.parametrize("role", ["worker", "alerter"])
+def test_worker_and_alerter_units_verify_and_are_hardened(role: str, tmp_path: Path) -> None:
+    name = f"vigil-{role}.service"
+    unit = (DEPLOY / "systemd" / name).read_text()
+    for directive in ("User=vigil", "NoNewPrivileges=yes", "PrivateDevices=yes",
+                      "CapabilityBoundingSet=\n", "ProtectSystem=strict", "Restart=always",
+                      f"ExecStart=/opt/vigil/bin/vigil {role} --config /etc/vigil/vigil.toml"):
+        assert directive in unit, directive
+    analyze = shutil.which("systemd-analyze") or debian_binary("systemd-analyze", "systemd")
+    copy = tmp_path / name
+    copy.write_text(unit.replace(f"/opt/vigil/bin/vigil {role}", f"{sys.executable} -m vigil"))
+    result = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True,
+                            timeout=60)
+    assert [x for x in (result.stdout + result.stderr).splitlines() if name in x] == []
+
+
+def test_the_containerfile_builds_the_image_the_manifests_name() -> None:
+    """No container engine runs here: what can be held without one is that the image
+    the manifests run is the one the Containerfile's instructions tag, that it installs
+    this distribution with every role, and copies every package the wheel needs."""
+    text = (DEPLOY / "Containerfile").read_text()
+    images = {c["image"] for d in _k8s_docs() if d["kind"] in ("DaemonSet", "Deployment")
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert len(images) == 1 and f"-t {images.pop()} ." in text
+    assert 'ARG EXTRAS=all' in text and "vigil-gpu-monitor[${EXTRAS}]" in text
+    root = DEPLOY.parent
+    packages = {p.parent.name for p in root.glob("*/__init__.py")} - {"tests"}
+    assert {f"COPY {p} {p}" for p in packages} <= set(text.splitlines())
+    assert 'ENTRYPOINT ["vigil"]' in text and "USER 10001" in text
+
+
+def test_the_alertmanager_example_checks_and_routes_by_severity() -> None:
+    import re
+
+    from alerting.channels import labels
+    from contracts.codec import DETECTION_KINDS
+
+    config = DEPLOY / "alertmanager" / "alertmanager.yml"
+    names = {labels({"kind": k, "severity": "info", "job": "j", "id": "i", "node": None,
+                     "gpu": None})["alertname"] for k in DETECTION_KINDS}  # type: ignore[typeddict-item]
+    named = set(re.findall(r"Vigil[A-Z]\w*", config.read_text()))
+    assert named and named <= names, named - names  # no alert name Vigil never sends
+    amtool = shutil.which("amtool") or debian_binary("amtool", "prometheus-alertmanager")
+    check = subprocess.run([amtool, "check-config", str(config)], capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0 and "4 inhibit rules" in check.stdout, check.stdout + check.stderr
+
+    def receiver(*label_pairs: str) -> str:
+        return subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}",
+                               *label_pairs], capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip()
+
+    assert receiver("alertname=VigilHang", "severity=critical", "job=j") == "gpu-oncall-pager"
+    assert receiver("alertname=VigilLoadImbalance", "severity=info", "job=j") == "job-owners"
+    assert receiver("alertname=VigilStraggler", "severity=warning", "job=j") == \
+        "gpu-oncall-slack"

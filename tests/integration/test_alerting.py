@@ -190,7 +190,10 @@ def test_cli_silence_ack_and_alerts(isolated_env: dict[str, str]) -> None:
     assert store.silenced_by({"kind": "hang", "job": "prod-4"}) is None
     run("silence", "expire", ident)
     assert store.silenced_by({"kind": "straggler", "job": "prod-4"}) is None
-    run("ack", "straggler-xyz", "--by", "alice")
+    from tests.alerting.test_cost import costly
+
+    LiveState(store.r, cfg.redis.key_prefix).apply(costly("straggler-xyz", lost=1.0))
+    run("ack", "straggler-xyz", "--by", "alice")  # an incident Vigil knows (others refused)
     assert store.acked("straggler-xyz")
 
 

@@ -32,8 +32,9 @@ VIGIL = [sys.executable, "-m", "vigil.cli"]
 def test_injected_slow_gpu_reaches_redis(isolated_env: dict[str, str], isolated_cfg: Config,
                                          tmp_path: Path) -> None:
     labels_path = tmp_path / "labels.json"
-    subprocess.run([*VIGIL, "simulate", "--duration", "150", "--jobs", "2", "--nodes", "4",
-                    "--labels", str(labels_path)], env=isolated_env, check=True, timeout=120)
+    subprocess.run([*VIGIL, "simulate", "--fast", "--duration", "150", "--jobs", "2",
+                    "--nodes", "4", "--labels", str(labels_path)], env=isolated_env, check=True,
+                   timeout=120)
     labels = json.loads(labels_path.read_text())
     worker = subprocess.Popen([*VIGIL, "worker"], env=isolated_env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -122,3 +122,55 @@ def test_an_out_of_range_reading_is_dropped_counted_and_the_rest_published(
     page = generate_latest(agent_registry(agent, object())).decode()
     assert ('vigil_agent_readings_dropped_total{metric="power",reason="out_of_range"} 3.0'
             in page)
+
+
+class Flaky:
+    """Fails (or answers empty) until told to read again."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail, self.down = fail, True
+
+    def read(self, now: float) -> Reading:
+        if not self.down:
+            return Reading(gpus={"0": {"sm_active": 0.5}})
+        if self.fail:
+            raise OSError("connection refused")
+        return Reading()  # dcgm-exporter unreachable: the source counts it, answers empty
+
+
+def test_a_node_whose_every_source_failed_is_never_published_as_healthy() -> None:
+    sink = ListSink()
+    raising, empty = Flaky(fail=True), Flaky(fail=False)
+    clock = iter(range(1000))
+    agent = Agent("n1", {"nvml": raising, "dcgm": empty}, sink, None, StaticJob("j"),
+                  monotonic=lambda: float(next(clock)))
+    agent.tick()
+    agent.tick()
+    assert sink.samples == [] and agent.blind_ticks == 2 and agent.errors["blind"] == 2
+    empty.down = False  # one source reads again: the node is published, the streak ends
+    agent.tick()
+    assert len(sink.samples) == 1 and sink.samples[0]["gpus"] and agent.blind_ticks == 0
+
+
+def test_a_node_whose_gpu_sources_read_no_gpu_is_not_published() -> None:
+    """The host still reads, but the GPU source (an unreachable dcgm-exporter) does not:
+    a sample without GPUs would read as a healthy node with nothing on it."""
+
+    class Host:
+        def read(self, now: float) -> Reading:
+            return Reading(host={"cpu_util": 0.3})
+
+    sink = ListSink()
+    dcgm = Flaky(fail=False)
+    clock = iter(range(1000))
+    agent = Agent("n1", {"dcgm": dcgm, "host": Host()}, sink, None, StaticJob("j"),
+                  monotonic=lambda: float(next(clock)), gpu_sources=frozenset({"dcgm"}))
+    agent.tick()
+    assert sink.samples == [] and agent.errors["blind"] == 1
+    dcgm.down = False
+    agent.tick()
+    assert sink.samples[0]["gpus"] and sink.samples[0]["host"]
+    alone = Agent("n2", {"host": Host()}, ListSink(), None, StaticJob("j"),
+                  gpu_sources=frozenset({"dcgm"}))  # no GPU source configured: host only
+    alone.tick()
+    assert alone.sink.samples and not alone.errors  # type: ignore[attr-defined]

@@ -19,5 +19,5 @@ def test_moneo_thresholds_are_configuration_with_moneos_defaults() -> None:
 
 
 def test_an_impossible_threshold_is_refused_with_its_key() -> None:
-    with pytest.raises(ConfigError, match="agent: density_min 1.2"):
+    with pytest.raises(ConfigError, match=r"agent.density_min = 1.2 must be a share"):
         sampling_config(load(env={"VIGIL_AGENT_DENSITY_MIN": "1.2"}))

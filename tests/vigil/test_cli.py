@@ -90,4 +90,28 @@ def test_a_missing_extra_is_a_clear_error(capsys: pytest.CaptureFixture[str],
     from vigil import commands
     monkeypatch.setattr(commands, "alerts", needs_redis)
     assert cli.main(["alerts"]) == 2
-    assert "pip install 'vigil[alerter]'" in capsys.readouterr().err
+    assert "pip install 'vigil-gpu-monitor[alerter]'" in capsys.readouterr().err
+
+
+def test_simulate_paces_kafka_samples_in_event_time() -> None:
+    from vigil.commands import paced
+
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    samples = [{"ts": 100.0 + t, "node": n} for t in (0, 0, 1, 1, 5) for n in ("a",)]
+    handed = [(s["ts"], now[0]) for s in paced(samples, 100.0, lambda: now[0], sleep)]  # type: ignore[arg-type]
+    assert handed == [(100.0, 0.0), (100.0, 0.0), (101.0, 1.0), (101.0, 1.0), (105.0, 5.0)]
+    assert slept == [1.0, 4.0]
+
+
+def test_config_hides_only_the_password_of_the_redis_url(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VIGIL_REDIS_URL", "rediss://vigil:s3cret@redis.example:6380/2?ssl=1")
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    assert "url = 'rediss://vigil:***@redis.example:6380/2?ssl=1'" in out and "s3cret" not in out

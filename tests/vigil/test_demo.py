@@ -3,6 +3,10 @@ else fires, and the summary says what the static rules would have caught."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from contracts.config import DetectConfig
 from detectors.engine import ReplayRunner
 from vigil.evaluation.demo import (
@@ -45,3 +49,30 @@ def test_demo_schedule_is_detected_and_summarised() -> None:
             assert abs(estimate - true) <= max(0.25 * true, 0.3), line
             costed += 1
     assert costed == len(SCHEDULE) - 1, table  # all but the XID
+
+
+def test_the_closing_lines_run_after_the_demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Every command the demo's closing lines give for its trace works with the stack
+    stopped (here on a short trace of the same jobs, written the way the demo writes)."""
+    import shlex
+
+    from contracts.config import load
+    from vigil import evaluation
+    from vigil.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(evaluation.demo, "HISTORY", 0.0)
+    monkeypatch.setattr(evaluation.demo, "DURATION", 30.0)
+    (tmp_path / evaluation.demo.LOG_DIR).mkdir(parents=True)
+    evaluation.demo.write_trace(demo_cluster(START), START, "r1")
+    text = evaluation.demo.next_steps(evaluation.demo.trace_path("r1"), load(env={}), "r1",
+                                      stack_stopped=True)
+    offline = [shlex.split(line.split("#")[0])[1:] for line in text.splitlines()
+               if "--trace" in line or line.strip().startswith("vigil replay")
+               or "select-metrics" in line]
+    assert len(offline) == 3
+    for argv in offline:
+        assert main(argv) == 0, argv
+    assert "vigil down" in text and "vigil alerts" in text
+    capsys.readouterr()

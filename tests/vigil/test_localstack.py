@@ -45,3 +45,23 @@ def test_down_only_stops_the_named_services(tmp_path: Path) -> None:
     finally:
         localstack.down(cfg)
     assert svcs["redis"].pid() is None
+
+
+def test_a_plain_down_stops_the_slurm_that_up_started(tmp_path: Path) -> None:
+    """`VIGIL_LOCAL_SLURM=true vigil up`, then `vigil down` without it: Slurm is found by
+    its pid files and stopped (here stand-in processes under the Slurm services' names)."""
+    from vigil.ops.slurmstack import slurm_services
+
+    env = {"VIGIL_LOCAL_DATA_DIR": str(tmp_path), "VIGIL_LOCAL_SLURM_NODES": "gpu-01"}
+    started = load(env={**env, "VIGIL_LOCAL_SLURM": "true"})
+    services = slurm_services(started)
+    for svc in services.values():
+        svc.root.mkdir(parents=True, exist_ok=True)
+        svc.spawn(["sleep", "60"])
+    pids = {name: svc.pid() for name, svc in services.items()}
+    assert all(pids.values()) and set(pids) == {"munged", "slurmctld", "slurmd-gpu-01"}
+    plain = load(env={**env, "VIGIL_KAFKA_BOOTSTRAP": "k:9092", "VIGIL_REDIS_URL": "redis://r:1/0"})
+    assert localstack.health(plain)["slurm"].startswith("up")
+    localstack.down(plain)
+    assert all(svc.pid() is None for svc in slurm_services(plain).values())
+    assert "slurm" not in localstack.health(plain)

@@ -83,4 +83,4 @@ def test_cli_writes_report_from_a_trace_and_refuses_unknown_job(tmp_path: Path) 
     missing = subprocess.run([*cli, "nope", "--trace", str(trace), "--out",
                               str(tmp_path / "n.html")], capture_output=True, text=True,
                              timeout=120)
-    assert missing.returncode == 1 and "no samples of job 'nope'" in missing.stderr
+    assert missing.returncode == 2 and "no samples of job 'nope'" in missing.stderr

@@ -72,3 +72,22 @@ def test_title_counts_the_nodes_vigil_holds_out() -> None:
                    color=False)
     assert "nodes out 3 (1 held_out, 2 verifying)" in frame.splitlines()[0]
     assert "nodes out 0" in render(Snapshot(taken_at=0.0), color=False).splitlines()[0]
+
+
+def test_frame_says_when_data_is_from_the_future_or_stale() -> None:
+    heat = {"n0/0": [0.9, 0.5, 0.6]}
+    ahead = render(Snapshot(taken_at=1000.0, jobs={"sim": {"job": "sim", "heat": heat,
+                                                           "late": 0, "ts": 1056.0}},
+                            incidents=[_det("sim", "n0", "0", "straggler", 1056.0)]),
+                   color=False)
+    assert "DATA FROM THE FUTURE: 56s ahead" in ahead
+    assert "in 56s!" in ahead and "-56s ago" not in ahead
+    fresh = render(Snapshot(taken_at=1000.0, jobs={"sim": {"job": "sim", "heat": heat,
+                                                           "late": 0, "ts": 990.0}}),
+                   color=False)
+    assert "FUTURE" not in fresh and "STALE" not in fresh and "no fresh data" not in fresh
+    old = render(Snapshot(taken_at=1000.0, jobs={"sim": {"job": "sim", "heat": heat,
+                                                         "late": 0, "ts": 900.0}}),
+                 color=False)
+    assert "STALE: no data for 100s" in old
+    assert "no fresh data: the newest job heat is 100s ago" in old

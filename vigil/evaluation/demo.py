@@ -14,6 +14,7 @@ Exits non-zero if a fault went undetected or that node did not come back.
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import subprocess
@@ -30,7 +31,7 @@ from kafka import KafkaConsumer
 from alerting.cost import lost_per_hour
 from alerting.state import LiveState
 from contracts import topics
-from contracts.codec import decode_detection
+from contracts.codec import decode_detection, encode_sample
 from contracts.config import Config, load
 from contracts.messages import Detection, location
 from detectors.baseline import StaticRules
@@ -212,11 +213,43 @@ def main() -> int:
         if started:
             print(f"=== stopping what the demo started: {', '.join(started)}", flush=True)
             localstack.down(cfg, only=started)
+    trace = trace_path(run)
     print(f"\n=== {'all faults detected' if not missed else f'{missed} fault(s) MISSED'}; "
           + {True: "the node Vigil took out came back, verified",
              False: "the node Vigil took out did NOT come back",
              None: "the repair act was skipped (Slurm could not start here)"}[back], flush=True)
+    print(next_steps(trace, cfg, run, stack_stopped=bool(started)), flush=True)
     return 1 if missed or back is False else 0
+
+
+def trace_path(run: str) -> str:
+    """Where the tour leaves its samples as a trace."""
+    return os.path.join(LOG_DIR, f"trace-{run}.jsonl.gz")
+
+
+def write_trace(cluster: Cluster, start: float, run: str) -> None:
+    """The tour's samples as a trace file (the simulator is deterministic: the very
+    samples its agents published), so what comes next works without the stack."""
+    with gzip.open(trace_path(run), "wb", compresslevel=3) as out:
+        for sample in demo_simulator(cluster, start).samples(HISTORY + DURATION):
+            out.write(encode_sample(sample) + b"\n")
+
+
+def next_steps(trace: str, cfg: Config, run: str, stack_stopped: bool) -> str:
+    """The demo's closing lines: commands that work now, after it ended."""
+    lines = ["\n=== what next (these work now):",
+             f"  vigil replay {trace}                  # the same detectors, offline",
+             f"  vigil report llm-dp --trace {trace}   # a job's HTML report",
+             f"  vigil select-metrics {trace}          # Moneo's metric selection"]
+    if stack_stopped:
+        lines += ["  vigil up; vigil worker & vigil alerter & vigil simulate &   # a live run",
+                  "  vigil top; vigil alerts; vigil down   # watch it, list incidents, stop"]
+    else:  # the stack runs on: the demo's incidents are still in Redis
+        lines += [f"  VIGIL_REDIS_KEY_PREFIX={cfg.redis.key_prefix} vigil alerts   "
+                  "# the demo's open incidents",
+                  f"  VIGIL_KAFKA_TOPIC_PREFIX=demo-{run}. vigil report llm-dp   "
+                  "# from the samples topic"]
+    return "\n".join(lines)
 
 
 def tour(cfg: Config, env: dict[str, str], run: str) -> int:
@@ -261,9 +294,7 @@ def tour(cfg: Config, env: dict[str, str], run: str) -> int:
                 print(("\x1b[H\x1b[2J" if interactive else "\n") + header + frame, flush=True)
         table, missed = summary(cluster, start, found, *static_rules(cluster, start))
         print("\n=== summary: what was injected, what Vigil said, how long it took\n" + table)
-        print(f"\nRedis keeps the live state: `VIGIL_REDIS_KEY_PREFIX={cfg.redis.key_prefix} "
-              f"vigil alerts`; a job's report: `VIGIL_KAFKA_TOPIC_PREFIX=demo-{run}. "
-              f"vigil report llm-dp` (while the stack runs).")
+        write_trace(cluster, start, run)
         return missed
     finally:
         stop.set()

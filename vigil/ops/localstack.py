@@ -448,8 +448,8 @@ def up(config: Config) -> None:
             _say(f"{name} already running (pid {svc.pid()}, port {svc.port})")
             continue
         if port_open(svc.port):
-            raise StackError(f"port {svc.port} for {name} is taken by another process: "
-                             f"set VIGIL_LOCAL_{name.upper()}_PORT or stop it")
+            raise StackError(f"port {svc.port} for {name} is taken by another process",
+                             fix=f"set VIGIL_LOCAL_{name.upper()}_PORT, or stop that process")
         svc.root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         starters[name](config, svc)
@@ -467,13 +467,21 @@ def up(config: Config) -> None:
 def down(config: Config, only: Iterable[str] | None = None) -> None:
     """Stop the services this stack started (found by pid file); ``only`` those named."""
     wanted = None if only is None else set(only)
-    if config.local.slurm and (wanted is None or "slurm" in wanted):
+    if (wanted is None or "slurm" in wanted) and (config.local.slurm or _slurm_running(config)):
+        # by its pid files: a Slurm `VIGIL_LOCAL_SLURM=true vigil up` started is stopped by
+        # a plain `vigil down` too
         from vigil.ops.slurmstack import stop_slurm
         stopped = stop_slurm(config)
         _say(f"slurm stopped ({', '.join(stopped)})" if stopped else "slurm was not running")
     for name, svc in services(config).items():
         if wanted is None or name in wanted:
             _say(f"{name} stopped" if svc.stop() else f"{name} was not running")
+
+
+def _slurm_running(config: Config) -> bool:
+    """True when a pid file of the local Slurm names a live process."""
+    from vigil.ops.slurmstack import slurm_services
+    return any(svc.pid() is not None for svc in slurm_services(config).values())
 
 
 def health(config: Config) -> dict[str, str]:
@@ -489,7 +497,7 @@ def health(config: Config) -> dict[str, str]:
         healthy = redis_ping(svc.port) if name == "redis" else port_open(svc.port)
         report[name] = (f"up (pid {pid}, port {svc.port})" if pid and healthy
                         else f"unhealthy (pid {pid})" if pid else "down")
-    if config.local.slurm:
+    if config.local.slurm or _slurm_running(config):
         from vigil.ops.slurmstack import slurm_services
         down_ = [n for n, svc in slurm_services(config).items() if svc.pid() is None]
         report["slurm"] = f"down ({', '.join(down_)})" if down_ else \

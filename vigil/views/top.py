@@ -29,6 +29,10 @@ from contracts.status import HEAT_METRICS, HEAT_NAMES, gpu_key_order
 LEVELS = "▁▂▃▄▅▆▇█"  # 0 … 1; the lowest stays visible (a hung job reads ~0)
 NO_READING = "·"
 WORKER_STALE_SECONDS = 30.0
+# a job's heat older than this is stale (its numbers are as of then); event time this far
+# ahead of this machine's clock is from the future (a skewed clock, `simulate --fast`)
+JOB_STALE_SECONDS = 30.0
+FUTURE_SECONDS = 5.0
 RED, BOLD, RESET = "\x1b[31;1m", "\x1b[1m", "\x1b[0m"
 
 
@@ -68,8 +72,20 @@ def job_goodput(gpus: int, incidents: list[Detection]) -> tuple[float, float]:
     return goodput(gpus, lost), lost
 
 
+def freshness(ts: float | None, now: float) -> str:
+    """A warning when a job's data is not current: from the future, or stale."""
+    if ts is None:
+        return ""
+    if ts - now > FUTURE_SECONDS:
+        return (f"  DATA FROM THE FUTURE: {ts - now:.0f}s ahead of this clock (skewed "
+                "clocks, or samples published faster than real time)")
+    if now - ts > JOB_STALE_SECONDS:
+        return f"  STALE: no data for {_ago(now - ts)[:-4]}; figures as of then"
+    return ""
+
+
 def _job_rows(job: str, status: dict[str, Any], flagged: dict[tuple[str, str | None], str],
-              color: bool, incidents: list[Detection]) -> list[str]:
+              color: bool, incidents: list[Detection], now: float) -> list[str]:
     """The heat strips of one job: a header, then a row per node."""
     metrics = status.get("metrics", list(HEAT_METRICS))
     by_node: dict[str, list[tuple[str, list[float | None]]]] = {}
@@ -84,7 +100,7 @@ def _job_rows(job: str, status: dict[str, Any], flagged: dict[tuple[str, str | N
     losing = f" (losing {lost:.3g} GPU-h/h)" if lost else ""
     lines = [f"{BOLD if color else ''}{job}{RESET if color else ''}  "
              f"{len(by_node)} nodes, {gpu_count} GPUs  goodput {share:.0%}{losing}  "
-             f"late samples {status.get('late', 0)}",
+             f"late samples {status.get('late', 0)}" + freshness(status.get("ts"), now),
              f"  {'node':<{node_width}}  " + "  ".join(
                  f"{HEAT_NAMES.get(m, (m, m))[0][:strip]:<{strip}}" for m in metrics)]
     for node, gpus in by_node.items():
@@ -108,6 +124,9 @@ def _job_rows(job: str, status: dict[str, Any], flagged: dict[tuple[str, str | N
 
 
 def _ago(seconds: float) -> str:
+    if seconds < -FUTURE_SECONDS:
+        return f"in {-seconds:.0f}s!"  # event time ahead of this clock
+    seconds = max(seconds, 0.0)
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
 
@@ -129,7 +148,7 @@ def render(snap: Snapshot, width: int = 120, height: int = 60, color: bool = Tru
     shown = 0
     for job in order:
         rows = _job_rows(job, snap.jobs[job], flagged.get(job, {}), color,
-                         [d for d in snap.incidents if d["job"] == job])
+                         [d for d in snap.incidents if d["job"] == job], snap.taken_at)
         if shown and shown + len(rows) > budget:
             lines.append(f"… {len(order) - order.index(job)} more job(s)")
             break
@@ -164,6 +183,10 @@ def render(snap: Snapshot, width: int = 120, height: int = 60, color: bool = Tru
         lines.append("  no worker heartbeat")
     silent = sorted({d["node"] for d in snap.incidents
                      if d["kind"] == "node_silent" and d["node"] is not None})
+    newest = max((float(j["ts"]) for j in snap.jobs.values() if "ts" in j), default=None)
+    if newest is not None and snap.taken_at - newest > JOB_STALE_SECONDS:
+        lines.append(f"  no fresh data: the newest job heat is {_ago(snap.taken_at - newest)} "
+                     "(agents, worker or alerter stopped?)")
     lines.append(f"  silent agents: {', '.join(silent) if silent else 'none'}")
     return "\n".join(lines[:max(height, 10)]) + "\n"
 
