@@ -155,12 +155,13 @@ BUSY = "sm_active"
 WORK_SOURCES: tuple[tuple[str, str | None], ...] = (
     ("mma_cycles_active", None), ("tensor_active", "sm_clock"), ("dram_active", "mem_clock"))
 GPU_READS = (BUSY, "mma_cycles_active", "tensor_active", "sm_clock", "dram_active", "mem_clock",
-             "compute_processes", "gpu_util")
+             "compute_processes", "gpu_util", "power")
 NIC_READS: tuple[str, ...] = ()
 _B, _CLOCK = GPU_READS.index(BUSY), GPU_READS.index("sm_clock")
 _TENSOR = GPU_READS.index("tensor_active")
 _PROCESSES = GPU_READS.index("compute_processes")
 _UTIL = GPU_READS.index("gpu_util")
+_POWER = GPU_READS.index("power")
 MIN_WORK_SHARE = 0.02  # a share-type work counter whose peers read below this says nothing
 BASIS_WAIT_BINS = 8  # bins (40 s: a 30 s step and more) tensor work has to show up in
 MIN_BUSY = 0.05  # peers busier than this are compared (below: idle or a pause)
@@ -171,6 +172,7 @@ SLOWNESS_FLOOR = 0.025
 LOAD_FLOOR = 0.05
 CLOCK_FLOOR = 0.02
 IDLE_FLOOR = 0.025
+POWER_FLOOR = 0.01  # a node's power this share below its peers': it idles where they spin
 STATS = ("slowness", "load", "clock", "idle")
 SLOW_STATS = frozenset({"slowness", "clock"})  # either passing: a slower GPU or node
 SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR, IDLE_FLOOR]),
@@ -429,8 +431,16 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                      phase_floor,
                      _memory_explains(node_slowness, _minus(node_per_memory_work, job[4])),
                      _ratio(node_memory, job[5]), np.full(n, np.nan),
-                     util=(node_util, np.full(n, job[6])), clock_fault=node_fault)
+                     util=(node_util, np.full(n, job[6])), clock_fault=node_fault,
+                     quieter=_below_median(nanmedian(latest[_POWER], axis=1), POWER_FLOOR))
     return gpu, node
+
+
+def _below_median(values: Array, by: float) -> NDArray[np.bool_]:
+    """Where a stream reads below its peers' median by more than ``by`` of it (no
+    reading: not told apart)."""
+    with np.errstate(invalid="ignore"):
+        return np.asarray(~(values >= nanmedian(values, axis=0) * (1.0 - by)), dtype=bool)
 
 
 def _ratio(values: Array, reference: Array | float) -> Array:
@@ -462,7 +472,8 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
               memory_explained: NDArray[np.bool_], memory_ratio: Array,
               extra_processes: Array, util: tuple[Array, Array],
               clock_fault: NDArray[np.bool_] | None = None,
-              normal: Array | None = None) -> _Readings:
+              normal: Array | None = None,
+              quieter: NDArray[np.bool_] | None = None) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
@@ -517,11 +528,15 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     anyway = np.ones(x.shape, dtype=bool)
     # a node its host holds back is the one the others wait for: it never spins in
     # the collective, so per unit of work it keeps fewer SMs resident than its peers
-    # (by the spin's channels/SM count times its idle share). Its idle time counts
-    # only in bins where that is so: a utilisation sampled over the last sixth of a
-    # second reads low on a healthy node whose read instant falls in the job's gap
+    # (by the spin's channels/SM count times its idle share), and it draws less power
+    # (idle, not spinning). Its idle time counts only in bins where both are so: a
+    # utilisation sampled over the last sixth of a second reads low on a healthy node
+    # whose read instant falls in the job's gap, its window averages level with its
+    # peers'.
     with np.errstate(invalid="ignore"):
         held_back = ~(slowness >= 0)  # NaN (no work reading): not told apart
+    if quieter is not None:  # ... and it idles where they spin: it draws less power
+        held_back &= quieter
     gate = np.stack([busier & ~memory_explained, anyway, busier, held_back])
     return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,

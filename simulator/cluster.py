@@ -407,7 +407,24 @@ class Simulator:
                 yield {**self._node_sample(job, node, t, idle_states, [], None, set(), origin),
                        "job": ""}
                 continue
-            yield self._node_sample(job, node, t, states, faults, event, kinds, origin)
+            yield self._node_sample(job, node, t, states, faults, event, kinds,
+                                    origin + self._stage_lag(job, job.nodes.index(node),
+                                                             barrier))
+
+    @staticmethod
+    def _stage_lag(job: JobSpec, node_index: int, barrier: float) -> float:
+        """When a 1F1B stage starts its step's compute after the first stage: stage
+        ``s`` waits ``s`` microbatch slots for its first activation (the fill bubble)
+        and the last stage waits none at the end, so at every moment some stage
+        computes; a step's bubbles are staggered over the stages, never a time when
+        the whole job waits (Narayanan et al., PipeDream-Flush / Megatron 1F1B)."""
+        if job.kind != "pipeline_1f1b":
+            return 0.0
+        stages = max(1, min(job.stages, len(job.nodes)))
+        if stages < 2:
+            return 0.0
+        bubble_seconds = barrier * (1.0 - 1.0 / job.bubble())
+        return job.stage_of(node_index) * bubble_seconds / (stages - 1)
 
     @staticmethod
     def _link_compute(job: JobSpec) -> float:
