@@ -305,6 +305,9 @@ class IdentityConfig:
     # the agent's: its own node key ("k1=hex"), issued with
     # `python -m contracts.identity issue NODE`; empty = the agent does not sign
     node_key: Secret | None = None
+    # or a file holding it (mode 0600, readable by the agent's user only), written at
+    # provisioning: deploy/systemd and deploy/kubernetes use /etc/vigil/node.key
+    node_key_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -469,13 +472,14 @@ def _check_kafka_security(k: KafkaConfig) -> None:
 
 
 def _check_identity(i: IdentityConfig) -> None:
-    """Keys that parse, and a worker that verifies has a key to verify with."""
+    """Keys that parse. (A worker or alerter that verifies without master keys is
+    refused when it starts: the agents share the file and never hold them.)"""
     if i.master_keys is not None:
         parse_keys(i.master_keys.reveal(), "identity.master_keys")
-    if i.verify and (i.master_keys is None or not i.master_keys.reveal().strip()):
-        raise ConfigError("identity.verify needs identity.master_keys (key-id=hex)")
     if i.node_key is not None and i.node_key.reveal().strip():
         Signer.from_setting(i.node_key.reveal())
+    if i.node_key_file and not Path(i.node_key_file).is_file():
+        raise ConfigError(f"identity.node_key_file {i.node_key_file!r} is not a file")
 
 
 def describe(config: Config) -> str:

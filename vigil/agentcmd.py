@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -113,6 +114,19 @@ def sampling_config(cfg: Config) -> SamplingConfig:
         raise ConfigError(f"agent: {exc}") from None
 
 
+def node_signer(cfg: Config) -> Signer | None:
+    """The agent's signer from ``identity.node_key`` or ``identity.node_key_file``
+    (None: samples go unsigned)."""
+    i = cfg.identity
+    key = i.node_key.reveal().strip() if i.node_key else ""
+    if not key and i.node_key_file:
+        try:
+            key = Path(i.node_key_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"identity.node_key_file: {exc.strerror}") from None
+    return Signer.from_setting(key) if key else None
+
+
 def run(cfg: Config, args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM/SIGINT (or ``--ticks``); flush the buffer on the way out."""
     a = cfg.agent
@@ -120,8 +134,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     if node_problem(node) is not None:  # every sample would be refused: say so now
         raise ConfigError(f"agent.node (or the host name) {node_problem(node)}: set "
                           "agent.node to this machine's RFC 1123 host name")
-    key = cfg.identity.node_key.reveal().strip() if cfg.identity.node_key else ""
-    signer = Signer.from_setting(key) if key else None
+    signer = node_signer(cfg)
     names = [n.strip() for n in (args.sources or a.sources).split(",") if n.strip()]
     sources = build_sources(cfg, names, args.trace)
     job_of = build_attribution(cfg, args.job)

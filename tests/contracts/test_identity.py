@@ -3,6 +3,8 @@ samples, and nothing but the exact bytes it signed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from contracts.config import load
@@ -15,6 +17,7 @@ from contracts.identity import (
     main,
     node_key,
     parse_keys,
+    verifier_from,
 )
 
 MASTER = bytes(range(32))
@@ -71,8 +74,8 @@ def test_settings_are_checked_at_load() -> None:
     good = {"VIGIL_IDENTITY_VERIFY": "true", "VIGIL_IDENTITY_MASTER_KEYS": f"k1={MASTER.hex()}"}
     assert load(env=good).identity.verify
     assert "k1=" not in repr(load(env=good).identity)  # a secret, masked
-    with pytest.raises(ConfigError, match="needs identity.master_keys"):
-        load(env={"VIGIL_IDENTITY_VERIFY": "true"})
+    with pytest.raises(ConfigError, match="no key to verify"):  # refused as the worker starts
+        verifier_from(load(env={"VIGIL_IDENTITY_VERIFY": "true"}).identity.verify, "")
     with pytest.raises(ConfigError, match="at least 16 bytes"):
         load(env={"VIGIL_IDENTITY_MASTER_KEYS": "k1=abcd"})
     with pytest.raises(ConfigError, match="exactly one"):
@@ -88,3 +91,16 @@ def test_issue_prints_the_key_the_worker_derives(monkeypatch: pytest.MonkeyPatch
     assert kid == "k1" and bytes.fromhex(key) == node_key(MASTER, "gpu-01")
     assert main(["issue", "gpu-[01-04]"]) == 2  # a key for one host name only
     assert main(["new-master", "k7"]) == 0 and capsys.readouterr().out.startswith("k7=")
+
+
+def test_the_agent_reads_its_key_from_a_file(tmp_path: Path) -> None:
+    from vigil.agentcmd import node_signer
+
+    path = tmp_path / "node.key"
+    path.write_text(f"k1={node_key(MASTER, 'gpu-01').hex()}\n")
+    signer_ = node_signer(load(env={"VIGIL_IDENTITY_NODE_KEY_FILE": str(path)}))
+    assert signer_ is not None
+    Verifier({"k1": MASTER}).check("gpu-01", VALUE, signer_.headers(VALUE))
+    assert node_signer(load(env={})) is None
+    with pytest.raises(ConfigError, match="not a file"):
+        load(env={"VIGIL_IDENTITY_NODE_KEY_FILE": str(tmp_path / "missing")})
