@@ -95,3 +95,69 @@ def test_a_forged_sample_is_dead_lettered_counted_and_never_acted_on(
     acted = {(a["node"], a["decision"]) for a in audit_log(r, cfg.redis.key_prefix)}
     assert "id1" in open_nodes and not open_nodes & {"id2", "id3"}
     assert acted == {("id1", "dry_run")}, acted
+
+
+class _Record:
+    def __init__(self, value: bytes, headers: Any) -> None:
+        self.value, self.headers = value, headers
+
+
+class _Samples:
+    """The alerter's samples consumer seam (kafka-python's ``poll``)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[_Record]] = []
+
+    def poll(self, timeout_ms: int = 0, max_records: int = 0) -> dict[str, list[_Record]]:
+        return {"samples-0": self.batches.pop(0)} if self.batches else {}
+
+
+def test_the_alerter_believes_a_gpu_swap_only_from_the_node_itself(
+        isolated_cfg: Any) -> None:
+    """A node Vigil drained awaits a GPU swap; a sample from another node's key that
+    claims the swap (new ``meta.gpu_uuids``) starts nothing, the node's own does."""
+    import dataclasses
+    import time
+
+    from alerting.repair import RepairLog
+    from alerting.service import Alerter
+    from contracts.config import IdentityConfig, Secret
+    from tests.integration.test_remediation import health
+
+    cfg = dataclasses.replace(
+        isolated_cfg,
+        identity=IdentityConfig(verify=True, master_keys=Secret(f"k1={MASTER.hex()}")),
+        alerter=dataclasses.replace(
+            isolated_cfg.alerter, remediation_enabled=True, remediation_dry_run=False,
+            remediation_executor="command", remediation_command="/bin/true {node}",
+            confirm_seconds=0, max_fleet_share=1.0, max_job_share=1.0, fleet_nodes=10))
+    ensure_topics(cfg)
+    r = redis.Redis.from_url(cfg.redis_url)
+    samples = _Samples()
+    alerter = Alerter(cfg, None, LiveState(r, cfg.redis.key_prefix), {}, samples)
+    assert alerter.remediator is not None
+    now = time.time()
+    det = dict(health("sw1"), started_at=now, detected_at=now)
+    alerter.state.apply(det)  # type: ignore[arg-type]
+    alerter.remediator.consider(det, now=now)  # type: ignore[arg-type]
+    alerter.remediator.tick(now=now + 1)
+    repairs = RepairLog(r, cfg.redis.key_prefix)
+    assert repairs.state("sw1") == "awaiting_repair"
+
+    def sample(uuid: str, signer: Signer | None) -> _Record:
+        value = json.dumps({"schema": "vigil.sample/1", "ts": now, "job": "job-1",
+                            "node": "sw1", "gpus": {}, "host": {}, "nics": {},
+                            "meta": {"gpu_uuids": {"3": uuid}}}).encode()
+        return _Record(value, signer.headers(value) if signer else None)
+
+    own = Signer("k1", node_key(MASTER, "sw1"))
+    samples.batches = [[sample("GPU-aaa", own)],  # the baseline
+                       [sample("GPU-bbb", Signer("k1", node_key(MASTER, "sw2"))),
+                        sample("GPU-bbb", None)]]  # another node's key; no proof
+    alerter._watch_uuids()
+    alerter._watch_uuids()
+    assert repairs.state("sw1") == "awaiting_repair"
+    samples.batches = [[sample("GPU-bbb", own)]]
+    alerter._watch_uuids()
+    assert repairs.state("sw1") == "verifying"
+    assert repairs.record("sw1")["why"] == "GPU UUID changed on GPU 3: a replaced GPU"
