@@ -19,10 +19,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import quote
 
 from contracts.config import Secret
 from contracts.errors import VigilError
 from contracts.messages import Action
+from contracts.names import node_problem
 
 
 class ExecutorError(VigilError):
@@ -104,6 +106,23 @@ def _run(argv: list[str], run: Callable[..., subprocess.CompletedProcess[str]],
     return " ".join(shlex.quote(a) for a in argv)
 
 
+def one_node(node: object, *, lower_case: bool = False) -> str:
+    """``node`` if it names exactly one machine; ``ExecutorError`` otherwise.
+
+    Checked again here, whatever the contract let through (an action may come from
+    Redis, a replayed audit or a person): Slurm expands host lists (``gpu-[01-04]``,
+    ``a,b``) and reads ``ALL`` as every node, a ``/`` or ``..`` reaches another API
+    object, a leading ``-`` reads as an option, whitespace splits an argument. Only
+    an RFC 1123 host name passes (``contracts.names``); ``lower_case`` for Kubernetes,
+    whose node names are lower case."""
+    why = node_problem(node)
+    if why is None and lower_case and node != str(node).lower():
+        why = "has upper case: a Kubernetes node name is lower case"
+    if why is not None:
+        raise ExecutorError(f"refused node name: {why}; an action names one host")
+    return str(node)
+
+
 REASON_PREFIX = "vigil "  # every drain reason Vigil writes starts so (its ownership mark)
 
 
@@ -132,11 +151,13 @@ class SlurmExecutor:
         self.env = dict(os.environ, SLURM_CONF=slurm_conf) if slurm_conf else None
 
     def execute(self, action: Action) -> str:
-        return _run([self.scontrol, "update", f"NodeName={action['node']}", "State=DRAIN",
+        return _run([self.scontrol, "update", f"NodeName={one_node(action['node'])}",
+                     "State=DRAIN",
                      f"Reason={_reason(action)}"], self.run, timeout=60, env=self.env)
 
     def holder(self, node: str) -> Hold:
         """The node's state and drain reason from ``scontrol show node``."""
+        node = one_node(node)
         try:
             done = self.run([self.scontrol, "show", "node", node], capture_output=True,
                             text=True, timeout=60,
@@ -149,8 +170,8 @@ class SlurmExecutor:
         return parse_slurm_node(done.stdout)
 
     def release(self, node: str) -> str:
-        return _run([self.scontrol, "update", f"NodeName={node}", "State=RESUME"], self.run,
-                    timeout=60, env=self.env)
+        return _run([self.scontrol, "update", f"NodeName={one_node(node)}", "State=RESUME"],
+                    self.run, timeout=60, env=self.env)
 
     def check(self, argv: list[str], timeout: float) -> CheckResult:
         return run_check(argv, timeout, self.env, self.run)
@@ -209,8 +230,14 @@ class KubernetesExecutor:
         except (OSError, ValueError) as exc:
             raise ExecutorError(f"Kubernetes {method} {path}: {exc}") from None
 
+    @staticmethod
+    def node_path(node: str) -> str:
+        """The API path of one node: the name checked (``one_node``) and escaped, so
+        it is one path segment whatever it holds."""
+        return f"/api/v1/nodes/{quote(one_node(node, lower_case=True), safe='')}"
+
     def execute(self, action: Action) -> str:
-        path = f"/api/v1/nodes/{action['node']}"
+        path = self.node_path(action["node"])
         for attempt in range(1, self.CONFLICT_RETRIES + 1):
             node = self._call("GET", path)
             taints = [t for t in node.get("spec", {}).get("taints", []) or []
@@ -231,7 +258,7 @@ class KubernetesExecutor:
     def holder(self, node: str) -> Hold:
         """Vigil's when our taint is on the node; out (by someone else) when it is
         cordoned without it."""
-        spec = self._call("GET", f"/api/v1/nodes/{node}").get("spec", {})
+        spec = self._call("GET", self.node_path(node)).get("spec", {})
         ours = [t for t in spec.get("taints", []) or [] if t.get("key") == self.TAINT]
         if ours:
             return Hold(True, True, f"taint {self.TAINT}={ours[0].get('value', '')}")
@@ -241,7 +268,7 @@ class KubernetesExecutor:
     def release(self, node: str) -> str:
         """Remove Vigil's taint and uncordon, keeping every other taint; the same
         ``resourceVersion`` guard and retries as the cordon."""
-        path = f"/api/v1/nodes/{node}"
+        path = self.node_path(node)
         for attempt in range(1, self.CONFLICT_RETRIES + 1):
             current = self._call("GET", path)
             taints = current.get("spec", {}).get("taints", []) or []
@@ -281,6 +308,7 @@ class CommandExecutor:
         self.template = shlex.split(template)
 
     def execute(self, action: Action) -> str:
+        one_node(action["node"])
         fields = {k: "" if v is None else str(v) for k, v in action.items()}
         return _run([part.format(**fields) for part in self.template], subprocess.run,
                     timeout=120)
@@ -292,7 +320,8 @@ class CommandExecutor:
 
     def release(self, node: str) -> str:
         """The same template with ``{action}`` = ``return``."""
-        fields = {"action": "return", "node": node, "gpu": "", "job": "", "incident": ""}
+        fields = {"action": "return", "node": one_node(node), "gpu": "", "job": "",
+                  "incident": ""}
         return _run([part.format(**fields) for part in self.template], subprocess.run,
                     timeout=120)
 

@@ -13,7 +13,8 @@ that wastes the most GPU time is the one acted on. Every audit record carries th
 estimate behind it.
 
 Rails, in order; the first that says no decides, and every decision is audited (a
-Redis stream and the ``vigil.actions`` topic): opt-out list; repeat offender (a
+Redis stream and the ``vigil.actions`` topic): the nodes the action would touch
+(exactly one host name, never a host list: ``nodes_touched``); opt-out list; repeat offender (a
 person decides: escalate); node cooldown; per-node lock; at most K actions an hour;
 at most P% of the job's nodes (but always one) and of the fleet's within the
 cooldown; then a dry
@@ -34,6 +35,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -46,6 +48,7 @@ from alerting.executors import Executor, ExecutorError, Returner
 from alerting.repair import RepairLoop
 from contracts.config import AlerterConfig
 from contracts.messages import Action, Detection
+from contracts.names import is_node_name
 
 log = logging.getLogger(__name__)
 WEEK = 7 * 86400.0
@@ -71,6 +74,35 @@ def plan(det: Detection, cfg: AlerterConfig) -> tuple[str, float] | None:
     if det["kind"] == "straggler" and det["evidence"].get("remediable", True):
         return "cordon", max(cfg.confirm_seconds, cfg.straggler_cordon_after_seconds)
     return None
+
+
+_RANGE = re.compile(r"\[([^\[\]]*)\]")
+
+
+def nodes_touched(node: str) -> int | None:
+    """How many machines an action on ``node`` would act on: 1 for one host name
+    (``contracts.names``), the size of the expansion for a Slurm host list
+    (``gpu-[01-04],cpu-1`` → 5), None when it cannot be told (``ALL``, anything
+    else). The rails count this, not one per action."""
+    if is_node_name(node):
+        return 1
+    if node.strip().lower() in ("all", "default"):
+        return None
+    total = 0
+    for part in re.split(r",(?![^\[]*\])", node):  # commas outside brackets
+        if not re.fullmatch(r"[A-Za-z0-9.-]+", _RANGE.sub("0", part)):
+            return None  # whitespace, a path, an option: not a host list either
+        count = 1
+        for ranges in _RANGE.findall(part):
+            width = 0
+            for item in ranges.split(","):
+                low, _, high = item.partition("-")
+                if not low.strip().isdigit() or (high and not high.strip().isdigit()):
+                    return None
+                width += int(high) - int(low) + 1 if high else 1
+            count *= max(width, 0)
+        total += count
+    return total
 
 
 class Remediator:
@@ -146,6 +178,11 @@ class Remediator:
 
     def _decide(self, action: Action, det: Detection, now: float) -> Action:
         cfg, node, job = self.cfg, action["node"], action["job"]
+        touched = nodes_touched(node)
+        if touched != 1 or not is_node_name(node):  # a host list, ALL, a path
+            count = "an unknown number of" if touched is None else str(touched)
+            return self._audit(action, "skipped", f"node name {node!r} is not one host "
+                               f"name: it would touch {count} nodes", now)
         if any(fnmatch.fnmatchcase(node, p) or fnmatch.fnmatchcase(job, p)
                for p in self.opt_out):
             return self._audit(action, "skipped", "node or job is on the opt-out list", now)

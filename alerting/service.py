@@ -49,6 +49,7 @@ from contracts import topics
 from contracts.codec import decode_detection
 from contracts.config import Config
 from contracts.errors import ConfigError, ContractError
+from contracts.identity import verifier_from
 from contracts.messages import Action, Detection
 from contracts.status import decode_status
 
@@ -142,6 +143,8 @@ class Alerter:
         self.cfg = cfg
         self.consumer = consumer
         self.samples = samples  # a consumer of the samples topic: GPU UUIDs of nodes out
+        keys = cfg.identity.master_keys  # a sample must prove its node, as in the worker
+        self.verifier = verifier_from(cfg.identity.verify, keys.reveal() if keys else "")
         self.state = state
         self.silences = SilenceStore(state.r, state.prefix)
         channels = channels or {}
@@ -235,7 +238,8 @@ class Alerter:
     def _watch_uuids(self) -> None:
         """Samples of nodes Vigil holds out: a changed ``meta.gpu_uuids`` is a replaced
         GPU (the repair loop then verifies the node). Other nodes' samples are skipped
-        before decoding; a bad sample is skipped (the worker dead-letters it)."""
+        before decoding; a bad sample, or with ``identity.verify`` one whose proof is
+        not its node's, is skipped (the worker dead-letters it)."""
         repair = self.remediator.repair if self.remediator is not None else None
         if self.samples is None or repair is None or self.outage.ongoing:
             return
@@ -251,6 +255,12 @@ class Alerter:
                     except (ValueError, AttributeError):
                         continue
                     if sample.get("node") in out and isinstance(uuids, dict):
+                        if self.verifier is not None:
+                            try:
+                                self.verifier.check(sample["node"], record.value,
+                                                    record.headers)
+                            except ContractError:
+                                continue
                         repair.observe_uuids(sample["node"], uuids)
         except redis.RedisError as exc:
             self.outage.lost(exc)

@@ -9,8 +9,9 @@ number, not finite or outside its metric's range is a fault of that reading, not
 the node's sample: ``drop_bad_readings`` takes it out and says what it took, and the
 lenient decoders (``decode_sample(raw, dropped=[...])``, the worker's and replay's)
 accept the rest. What stays fatal to a whole message is what makes it unreadable or
-untrusted as a whole: broken JSON, a wrong schema or field, a bad time or identifier,
-an unknown metric name (it keeps user data off the wire). ``encode_sample`` stays
+untrusted as a whole: broken JSON, a wrong schema or field, a bad time or identifier
+(``node`` and ``job`` follow ``contracts.names``: reason ``bad_name``), an unknown
+metric name (it keeps user data off the wire). ``encode_sample`` stays
 strict: the agent drops its bad readings before it publishes, so nothing bad is sent.
 """
 
@@ -26,6 +27,7 @@ from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
 from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
 from contracts.errors import ContractError
 from contracts.messages import Detection, Sample
+from contracts.names import job_problem, node_problem
 
 MAX_MESSAGE_BYTES = 512 << 10  # under the broker's 1 MB default: oversize reaches us
 MAX_ID_CHARS = 256
@@ -94,6 +96,16 @@ def _string(value: Any, path: str, *, empty_ok: bool) -> str:
         raise ContractError("wrong_type", f"{path} must be a string")
     if len(value) > MAX_ID_CHARS or (not empty_ok and not value):
         raise ContractError("bad_value", f"{path} must be 1..{MAX_ID_CHARS} characters")
+    return value
+
+
+def _name(value: Any, path: str, problem: Callable[[object], str | None]) -> str:
+    """A node name or job id (``contracts.names``); ``bad_name`` otherwise."""
+    if not isinstance(value, str):
+        raise ContractError("wrong_type", f"{path} must be a string")
+    why = problem(value)
+    if why is not None:
+        raise ContractError("bad_name", f"{path} {why}")
     return value
 
 
@@ -213,8 +225,8 @@ def validate_sample(message: Any) -> Sample:
     _check_fields(sample, _SAMPLE_FIELDS, _SAMPLE_FIELDS - {"meta"})
     if _number(sample["ts"], "ts") <= 0:
         raise ContractError("out_of_range", "ts must be positive Unix seconds")
-    _string(sample["job"], "job", empty_ok=True)
-    _string(sample["node"], "node", empty_ok=False)
+    _name(sample["job"], "job", job_problem)
+    _name(sample["node"], "node", node_problem)
     gpus = _object(sample["gpus"], "gpus")
     if len(gpus) > MAX_GPUS:
         raise ContractError("out_of_range", f"{len(gpus)} GPUs > {MAX_GPUS}")
@@ -244,10 +256,11 @@ def validate_detection(message: Any) -> Detection:
                            ("severity", SEVERITIES)):
         if det[field] not in allowed:
             raise ContractError("bad_value", f"{field} {det[field]!r} not one of {allowed}")
-    _string(det["job"], "job", empty_ok=True)
-    for field in ("node", "gpu"):
-        if det[field] is not None:
-            _string(det[field], field, empty_ok=False)
+    _name(det["job"], "job", job_problem)
+    if det["node"] is not None:
+        _name(det["node"], "node", node_problem)
+    if det["gpu"] is not None:
+        _string(det["gpu"], "gpu", empty_ok=False)
     _number(det["started_at"], "started_at")
     _number(det["detected_at"], "detected_at")
     _number(det["score"], "score")

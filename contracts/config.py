@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from contracts.codec import MAX_MESSAGE_BYTES
 from contracts.errors import ConfigError
+from contracts.identity import Signer, parse_keys
 from contracts.limits import check as check_ranges
 from contracts.limits import hide_password
 
@@ -121,6 +122,10 @@ class LocalConfig:
     # The local broker requires SASL/SCRAM (kafka.sasl_mechanism, one user: the
     # kafka.sasl_username / sasl_password clients use) instead of PLAINTEXT.
     kafka_sasl: bool = False
+    # With kafka_sasl: the broker authorizes every request (KRaft's StandardAuthorizer),
+    # the SASL user above is its super user, and one SCRAM principal per role (agent,
+    # worker, alerter, reader) gets only its ACLs (vigil/ops/kafka_acls.py)
+    kafka_acls: bool = False
     # The local broker listens with TLS only (a CA and certificates made with openssl
     # under data_dir/kafka/tls); "mutual" also requires client certificates.
     kafka_tls: str = ""
@@ -291,6 +296,23 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class IdentityConfig:
+    """Proof that a sample comes from the node it names (``contracts/identity.py``,
+    docs/security.md). Keys are ``key-id=hex`` entries, set from the environment."""
+
+    # the worker refuses (dead-letters) every sample without a valid proof
+    verify: bool = False
+    # the worker's: the fleet master key(s), "k2=hex,k1=hex" while rotating
+    master_keys: Secret | None = None
+    # the agent's: its own node key ("k1=hex"), issued with
+    # `python -m contracts.identity issue NODE`; empty = the agent does not sign
+    node_key: Secret | None = None
+    # or a file holding it (mode 0600, readable by the agent's user only), written at
+    # provisioning: deploy/systemd and deploy/kubernetes use /etc/vigil/node.key
+    node_key_file: str = ""
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything Vigil reads from its configuration, one section per stage."""
 
@@ -301,6 +323,7 @@ class Config:
     detect: DetectConfig = field(default_factory=DetectConfig)
     alerter: AlerterConfig = field(default_factory=AlerterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    identity: IdentityConfig = field(default_factory=IdentityConfig)
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -410,8 +433,12 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
     config = Config(**{s: _section(hints[s], data.get(s, {}), s) for s in sections})
     check_ranges(config)
     _check_kafka_security(config.kafka)
+    _check_identity(config.identity)
     if config.local.kafka_tls not in ("", "tls", "mutual"):
         raise ConfigError(f"local.kafka_tls {config.local.kafka_tls!r}: '', 'tls' or 'mutual'")
+    if config.local.kafka_acls and not config.local.kafka_sasl:
+        raise ConfigError("local.kafka_acls needs local.kafka_sasl: a principal per role "
+                          "is a SCRAM user")
     if config.local.kafka_tls and config.local.kafka_sasl:
         raise ConfigError("local.kafka_tls and local.kafka_sasl: the local broker does one")
     if config.detect.held_seconds <= config.agent.max_interval:
@@ -447,6 +474,17 @@ def _check_kafka_security(k: KafkaConfig) -> None:
             raise ConfigError(f"kafka.{key} {path!r} is not a file")
     if bool(k.ssl_certfile) != bool(k.ssl_keyfile):
         raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile go together (mutual TLS)")
+
+
+def _check_identity(i: IdentityConfig) -> None:
+    """Keys that parse. (A worker or alerter that verifies without master keys is
+    refused when it starts: the agents share the file and never hold them.)"""
+    if i.master_keys is not None:
+        parse_keys(i.master_keys.reveal(), "identity.master_keys")
+    if i.node_key is not None and i.node_key.reveal().strip():
+        Signer.from_setting(i.node_key.reveal())
+    if i.node_key_file and not Path(i.node_key_file).is_file():
+        raise ConfigError(f"identity.node_key_file {i.node_key_file!r} is not a file")
 
 
 def describe(config: Config) -> str:

@@ -22,6 +22,7 @@ from contracts.codec import (
     MAX_NICS,
     SEVERITIES,
 )
+from contracts.names import JOB_SCHEMA_PATTERN, MAX_NODE_CHARS, NODE_SCHEMA_PATTERN
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -43,6 +44,14 @@ def _id(empty_ok: bool) -> dict[str, Any]:
     return {"type": "string", "minLength": 0 if empty_ok else 1, "maxLength": MAX_ID_CHARS}
 
 
+_NODE = {"type": "string", "minLength": 1, "maxLength": MAX_NODE_CHARS,
+         "pattern": NODE_SCHEMA_PATTERN,
+         "not": {"pattern": "^([Aa][Ll][Ll]|[Dd][Ee][Ff][Aa][Uu][Ll][Tt])$"},
+         "description": "an RFC 1123 host name (contracts/names.py)"}
+_JOB = {"type": "string", "maxLength": MAX_ID_CHARS, "pattern": JOB_SCHEMA_PATTERN,
+        "description": "a job id, or empty for no job (contracts/names.py)"}
+
+
 def sample_schema() -> dict[str, Any]:
     """JSON Schema of ``vigil.sample/1``."""
     return {
@@ -55,8 +64,8 @@ def sample_schema() -> dict[str, Any]:
         "properties": {
             "schema": {"const": SAMPLE_SCHEMA},
             "ts": {"type": "number", "exclusiveMinimum": 0},
-            "job": _id(empty_ok=True),
-            "node": _id(empty_ok=False),
+            "job": _JOB,
+            "node": _NODE,
             "gpus": {"type": "object", "maxProperties": MAX_GPUS,
                      "propertyNames": {"pattern": "^[0-9]{1,3}$"},
                      "additionalProperties": _metric_object(GPU_METRICS)},
@@ -86,8 +95,8 @@ def detection_schema() -> dict[str, Any]:
             "kind": {"enum": list(DETECTION_KINDS)},
             "state": {"enum": list(DETECTION_STATES)},
             "severity": {"enum": list(SEVERITIES)},
-            "job": _id(empty_ok=True),
-            "node": nullable_id,
+            "job": _JOB,
+            "node": {"oneOf": [{"type": "null"}, _NODE]},
             "gpu": nullable_id,
             "started_at": {"type": "number"},
             "detected_at": {"type": "number"},

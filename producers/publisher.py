@@ -10,6 +10,10 @@ when Kafka acknowledged it (acks=all), and puts failed ones back at the head. So
 while the buffer has room nothing is lost across a broker outage, and when it has
 not, ``dropped`` says exactly how much was.
 
+With a ``Signer`` (``identity.node_key``), each record carries the node's proof of
+its exact value bytes in its headers (``contracts.identity``), computed as it is
+sent, so samples from the spool are signed too.
+
 With a ``DiskSpool``, the oldest samples overflow from memory to disk instead of
 being dropped; the sender drains the spool (older) before memory, and on close
 whatever Kafka did not take is spilled to disk, so the next start sends it. Drops
@@ -29,6 +33,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
 from contracts.codec import encode_sample
+from contracts.identity import Signer
 from contracts.messages import Sample
 from producers.spool import DiskSpool
 
@@ -40,8 +45,10 @@ class KafkaPublisher:
     kafka-python producer settings, over the defaults below (a benchmark sets
     ``batch_size=1`` to send one record a batch, as a node's agent does)."""
 
-    def __init__(self, bootstrap: str, topic: str, **client: Any) -> None:
+    def __init__(self, bootstrap: str, topic: str, signer: Signer | None = None,
+                 **client: Any) -> None:
         self.topic = topic
+        self.signer = signer
         self.sent = 0
         self.failed = 0
         self._producer = KafkaProducer(**{
@@ -54,8 +61,9 @@ class KafkaPublisher:
 
     def publish(self, sample: Sample) -> None:
         """Queue one sample (validated first: nothing off-contract leaves the node)."""
-        future = self._producer.send(self.topic, key=sample["job"].encode(),
-                                     value=encode_sample(sample))
+        value = encode_sample(sample)
+        future = self._producer.send(self.topic, key=sample["job"].encode(), value=value,
+                                     headers=self.signer.headers(value) if self.signer else None)
         future.add_errback(self._on_error)
         self.sent += 1
 
@@ -73,8 +81,10 @@ class BufferedPublisher:
 
     def __init__(self, bootstrap: str, topic: str, capacity: int = 100_000,
                  max_in_flight: int = 2000, producer_factory: ProducerFactory | None = None,
-                 spool: DiskSpool | None = None, **client: Any) -> None:
+                 spool: DiskSpool | None = None, signer: Signer | None = None,
+                 **client: Any) -> None:
         self.topic = topic
+        self.signer = signer  # signs each value as it is sent (spooled ones too)
         self.spool = spool
         self.capacity = capacity
         self.max_in_flight = max_in_flight
@@ -154,7 +164,8 @@ class BufferedPublisher:
                     self._stop.wait(1.0)
                     continue
             try:
-                future = producer.send(self.topic, key=item[1], value=item[2])
+                future = producer.send(self.topic, key=item[1], value=item[2], headers=(
+                    self.signer.headers(item[2]) if self.signer is not None else None))
             except KafkaError as exc:  # e.g. no metadata within max_block_ms
                 self._failed(item, exc)
                 self._stop.wait(0.5)

@@ -5,7 +5,7 @@ pass; the contract stays the judge.
 brings its own parser. The types below are the contract's checks written as msgspec
 types, built from the same catalog and ceilings: known field and metric names only,
 numbers (never booleans) from 0 to each metric's ceiling, a positive finite time,
-GPU indexes of 1-3 ASCII digits, the identifier lengths and the device counts.
+GPU indexes of 1-3 ASCII digits, node names and job ids (``contracts.names``) and the device counts.
 msgspec checks them in C while it parses, about 2.4x faster than parsing with orjson
 and validating the dicts in Python (bench/RESULTS.md, "Replay speed").
 
@@ -38,6 +38,7 @@ from contracts.codec import (
     metric_ceilings,
 )
 from contracts.messages import Sample
+from contracts.names import JOB_PATTERN, NODE_PATTERN
 
 
 def _readings(name: str, catalog: dict[str, Metric]) -> type:
@@ -59,8 +60,8 @@ _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 class _Sample(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     schema: Literal[SAMPLE_SCHEMA]  # type: ignore[valid-type]
     ts: Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
-    job: Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
-    node: _Name
+    job: Annotated[str, msgspec.Meta(pattern=JOB_PATTERN)]
+    node: Annotated[str, msgspec.Meta(pattern=NODE_PATTERN)]
     gpus: Annotated[dict[_GpuIndex, _Gpu], msgspec.Meta(max_length=MAX_GPUS)]  # type: ignore[valid-type]
     host: _Host  # type: ignore[valid-type]
     nics: Annotated[dict[_Name, _Nic], msgspec.Meta(max_length=MAX_NICS)]  # type: ignore[valid-type]

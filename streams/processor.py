@@ -3,7 +3,9 @@ Faust, so that the order of its effects can be tested without Kafka.
 
 Per batch: decode each admitted message (a bad one goes to the dead-letter outlet
 with its reason; a bad reading in a good one is dropped and counted, not the
-sample), fold each job's samples into its engine in event-time order,
+sample), with ``identity.verify`` check its proof against the node it names
+(``contracts.identity``: ``unsigned``, ``unknown_key`` or ``bad_signature`` are
+dead-lettered the same way), fold each job's samples into its engine in event-time order,
 advance event time, send the detections, and only then checkpoint the engine (when it
 published something, or every ``worker.checkpoint_steps`` evaluated steps): a crash
 can repeat a detection but never lose one. On revocation: checkpoint every live
@@ -24,6 +26,7 @@ from typing import Any, Protocol
 from contracts.codec import DroppedReading, encode_detection
 from contracts.config import Config
 from contracts.errors import ContractError
+from contracts.identity import verifier_from
 from contracts.messages import Detection, JobStatus, Sample, WorkerStatus
 from contracts.status import HEAT_METRICS, job_status, worker_status
 from detectors.engine import JobEngine, NodeMoves
@@ -43,6 +46,7 @@ class Message(Protocol):
     partition: int
     offset: int
     timestamp: float | None
+    headers: Any  # (name, bytes) pairs: the node's proof (contracts.identity)
 
 
 class Delivered(Protocol):
@@ -87,6 +91,9 @@ class BatchProcessor:
         self.unsaved: dict[int, dict[str, int]] = defaultdict(dict)
         self.last_batch: dict[str, float] = {}  # job → when its last batch ended (monotonic)
         self.in_batch: str | None = None  # the job whose batch is being handled
+        # identity.verify: a sample must prove it comes from the node it names
+        keys = cfg.identity.master_keys
+        self.verifier = verifier_from(cfg.identity.verify, keys.reveal() if keys else "")
 
     def engine_for(self, job: str) -> JobEngine:
         """The job's live engine, recovered from its last checkpoint when not live."""
@@ -145,9 +152,13 @@ class BatchProcessor:
         for event in admitted:
             msg = event.message
             newest_append = max(newest_append, msg.timestamp or 0.0)
+            mark = len(dropped)
             try:
                 sample = decode_sample_fast(event.value, dropped)
+                if self.verifier is not None:  # before detection: unproven is refused
+                    self.verifier.check(sample["node"], event.value, msg.headers)
             except ContractError as exc:
+                del dropped[mark:]  # a refused sample's readings are not counted
                 self.metrics.deadletters.labels(exc.reason).inc()
                 self.deadletters += 1
                 await self.outlets.deadletter(msg.key, deadletter_record(

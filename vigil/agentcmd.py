@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -17,7 +18,9 @@ from contracts import topics
 from contracts.codec import encode_sample
 from contracts.config import Config
 from contracts.errors import ConfigError, VigilError
+from contracts.identity import Signer
 from contracts.messages import Sample
+from contracts.names import node_problem
 from producers.agent import Agent
 from producers.attribution import SlurmJob, StaticJob
 from producers.metrics import agent_registry
@@ -113,9 +116,27 @@ def sampling_config(cfg: Config) -> SamplingConfig:
         raise ConfigError(f"agent: {exc}") from None
 
 
+def node_signer(cfg: Config) -> Signer | None:
+    """The agent's signer from ``identity.node_key`` or ``identity.node_key_file``
+    (None: samples go unsigned)."""
+    i = cfg.identity
+    key = i.node_key.reveal().strip() if i.node_key else ""
+    if not key and i.node_key_file:
+        try:
+            key = Path(i.node_key_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"identity.node_key_file: {exc.strerror}") from None
+    return Signer.from_setting(key) if key else None
+
+
 def run(cfg: Config, args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM/SIGINT (or ``--ticks``); flush the buffer on the way out."""
     a = cfg.agent
+    node = a.node or socket.gethostname()
+    if node_problem(node) is not None:  # every sample would be refused: say so now
+        raise ConfigError(f"agent.node (or the host name) {node_problem(node)}: set "
+                          "agent.node to this machine's RFC 1123 host name")
+    signer = node_signer(cfg)
     names = [n.strip() for n in (args.sources or a.sources).split(",") if n.strip()]
     sources = build_sources(cfg, names, args.trace)
     job_of = build_attribution(cfg, args.job)
@@ -128,9 +149,9 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         spool = DiskSpool(a.spool_dir, max_bytes=a.spool_max_mb << 20) if a.spool_dir else None
         sink = BufferedPublisher(cfg.kafka_bootstrap,
                                  topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
-                                 capacity=a.buffer_capacity, spool=spool, **cfg.kafka_client)
-    agent = Agent(a.node or socket.gethostname(), sources, sink, sampler, job_of,
-                  gpu_sources=GPU_SOURCES)
+                                 capacity=a.buffer_capacity, spool=spool, signer=signer,
+                                 **cfg.kafka_client)
+    agent = Agent(node, sources, sink, sampler, job_of, gpu_sources=GPU_SOURCES)
     if a.metrics_port:
         _serve_metrics(cfg, agent, sink)
     stop = threading.Event()

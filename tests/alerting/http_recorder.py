@@ -1,5 +1,6 @@
 """A real HTTP server on loopback that records requests and answers as scripted
-(200, 429 with Retry-After, 500, 400, or a hang past the client's timeout)."""
+(200, 429 with Retry-After, 500, 400, or a hang past the client's timeout). GET and
+PATCH are recorded too and answered 200 with ``get_body`` (an API server's object)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class Recorded:
     headers: dict[str, str]
     body: bytes
     at: float
+    method: str = "POST"
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -33,6 +35,7 @@ class Recorder:
     retry_after: str = "1"
     hang_seconds: float = 3.0
     port: int = 0  # 0: any free port
+    get_body: bytes = b"{}"
 
     def __enter__(self) -> Recorder:
         recorder = self
@@ -52,6 +55,18 @@ class Recorder:
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")
+
+            def _json(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                recorder.requests.append(Recorded(self.path, dict(self.headers), body,
+                                                  time.monotonic(), self.command))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(recorder.get_body)))
+                self.end_headers()
+                self.wfile.write(recorder.get_body)
+
+            do_GET = do_PATCH = _json
 
             def log_message(self, *args: Any) -> None:
                 pass

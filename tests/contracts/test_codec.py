@@ -53,7 +53,7 @@ BAD_SAMPLES = [
     ("ts", "now", "wrong_type"),
     ("ts", True, "wrong_type"),
     ("ts", -5, "out_of_range"),
-    ("node", "", "bad_value"),
+    ("node", "", "bad_name"),
     ("node", KeyError, "missing_field"),
     ("extra", 1, "unknown_field"),
     ("gpus.0.sm_active", 1.5, "out_of_range"),
@@ -64,7 +64,7 @@ BAD_SAMPLES = [
     ("host.gpu_util", 0.1, "unknown_metric"),
     ("nics.mlx5_0.ib_rate", 1e9, "out_of_range"),
     ("meta", [], "wrong_type"),
-    ("job", "j" * 300, "bad_value"),
+    ("job", "j" * 300, "bad_name"),
 ]
 
 

@@ -38,7 +38,8 @@ def read_topic(cfg: Config, name: str, until: Any, timeout: float,
     """Values of ``name`` from the start until ``until(values)`` is true or time runs out."""
     consumer = KafkaConsumer(topics.topic(name, cfg.kafka.topic_prefix),
                              bootstrap_servers=cfg.kafka_bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=500)
+                             auto_offset_reset="earliest", consumer_timeout_ms=500,
+                             **cfg.kafka_client)
     values: list[bytes] = []
     deadline = time.monotonic() + timeout
     try:

@@ -206,3 +206,36 @@ def test_a_job_that_stops_sending_is_checkpointed_so_the_commit_can_catch_up() -
     assert processor.commit_floor(0) is None
     saved = decode_state(journal.store[b"proc-job"])["source_offsets"]["0"]
     assert saved == batch[-1].message.offset + 1
+
+
+def test_with_identity_on_only_proven_samples_reach_the_detectors() -> None:
+    """identity.verify: a sample naming a node whose key did not sign it (another
+    node's key, none, an unknown key id) is dead-lettered with its reason; the
+    node's own signed samples are detected on as before (issue #49)."""
+    from contracts.config import IdentityConfig, Secret
+    from contracts.identity import Signer, node_key
+
+    master = bytes(range(32))
+    cfg = Config(identity=IdentityConfig(verify=True, master_keys=Secret(f"k1={master.hex()}")))
+    journal = _Journal()
+    processor = BatchProcessor(cfg, WorkerMetrics(), journal, journal, "test-worker")
+    forger = Signer("k1", node_key(master, "p0"))  # p0 holds its own key only
+    reasons = {}
+    for batch in _batches():
+        for event in batch:
+            node = json.loads(event.value)["node"]
+            if node == "p1":  # p0 speaks for p1, whose GPU 2 is slow
+                headers = forger.headers(event.value)
+            elif node == "p3":
+                headers = []
+            else:
+                headers = Signer("k1", node_key(master, node)).headers(event.value)
+            event.message.headers = headers  # type: ignore[attr-defined]
+        asyncio.run(processor.handle(batch))
+    for kind, value in journal.log:
+        if kind == "deadletter":
+            record = json.loads(value)
+            reasons[record["reason"]] = reasons.get(record["reason"], 0) + 1
+    assert set(reasons) == {"bad_signature", "unsigned"} and processor.deadletters == sum(
+        reasons.values()) and processor.samples == 150 * 4 - processor.deadletters
+    assert not any(k == "detection" and d["node"] in ("p1", "p3") for k, d in journal.log)

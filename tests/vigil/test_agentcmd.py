@@ -21,3 +21,14 @@ def test_moneo_thresholds_are_configuration_with_moneos_defaults() -> None:
 def test_an_impossible_threshold_is_refused_with_its_key() -> None:
     with pytest.raises(ConfigError, match=r"agent.density_min = 1.2 must be a share"):
         sampling_config(load(env={"VIGIL_AGENT_DENSITY_MIN": "1.2"}))
+
+
+@pytest.mark.parametrize("node", ["gpu-[01-04]", "gpu_01", "ALL", "-h"])
+def test_an_agent_whose_node_is_not_one_host_name_refuses_to_start(node: str) -> None:
+    """Every sample would be refused (issue #49): the agent says why at start."""
+    import argparse
+
+    from vigil.agentcmd import run
+
+    with pytest.raises(ConfigError, match="RFC 1123 host name"):
+        run(load(env={"VIGIL_AGENT_NODE": node}), argparse.Namespace())

@@ -65,3 +65,21 @@ def test_a_plain_down_stops_the_slurm_that_up_started(tmp_path: Path) -> None:
     localstack.down(plain)
     assert all(svc.pid() is None for svc in slurm_services(plain).values())
     assert "slurm" not in localstack.health(plain)
+
+
+def test_the_acl_broker_authorizes_every_request_with_the_admin_as_super_user(
+        tmp_path: Path) -> None:
+    from contracts.errors import ConfigError
+    from vigil.ops.localstack import Service, _kafka_properties
+
+    env = {"VIGIL_LOCAL_DATA_DIR": str(tmp_path), "VIGIL_LOCAL_KAFKA_SASL": "true",
+           "VIGIL_LOCAL_KAFKA_ACLS": "true", "VIGIL_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+           "VIGIL_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "VIGIL_KAFKA_SASL_USERNAME": "boss",
+           "VIGIL_KAFKA_SASL_PASSWORD": "pw"}
+    cfg = load(env=env)
+    svc = Service("kafka", 1, tmp_path)
+    svc.datadir.mkdir(parents=True)
+    props = _kafka_properties(cfg, svc).read_text()
+    assert "StandardAuthorizer" in props and "super.users=User:boss;User:ANONYMOUS" in props
+    with pytest.raises(ConfigError, match="needs local.kafka_sasl"):
+        load(env={"VIGIL_LOCAL_KAFKA_ACLS": "true"})

@@ -215,6 +215,14 @@ def _kafka_properties(config: Config, svc: Service, quorum: Quorum | None = None
     }
     if local.kafka_sasl:
         props.update(_sasl_properties(config))
+    if local.kafka_acls:
+        # the admin is the super user; so is the loopback CONTROLLER listener's
+        # unauthenticated principal (the broker registers with its controller there,
+        # and SCRAM cannot secure a KRaft controller listener); every other principal
+        # gets only its role's ACLs (vigil/ops/kafka_acls.py)
+        props["authorizer.class.name"] = \
+            "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+        props["super.users"] = f"User:{_scram(config)[1]};User:ANONYMOUS"
     if local.kafka_tls:
         props.update(_tls_properties(config, tls_files(svc.datadir / "tls")))
     path = svc.datadir / "server.properties"
@@ -348,6 +356,11 @@ def start_kafka(config: Config, svc: Service, timeout: float = 120.0,
         if config.local.kafka_sasl:
             mechanism, user, password = _scram(config)
             scram = ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
+            if config.local.kafka_acls:
+                from vigil.ops.kafka_acls import ROLES, principal, role_password
+                for role in ROLES:
+                    scram += ["--add-scram", f"{mechanism}=[name={principal(role)},"
+                              f"password={role_password(password, role)}]"]
         result = subprocess.run(_java(config, libs, svc, "kafka.tools.StorageTool", "format",
                                       # "=": an id may begin with "-" (base64url), which
                                       # the tool would take for an option
@@ -363,9 +376,23 @@ def start_kafka(config: Config, svc: Service, timeout: float = 120.0,
         _wait(svc, timeout,
               lambda: port_open(svc.port) and _log_has(svc, _KAFKA_STARTED, offset))
 
+    if config.local.kafka_acls:
+        waiter = _then_acls(config, waiter)
     if wait:
         waiter()
     return waiter
+
+
+def _then_acls(config: Config, waiter: Callable[[], None]) -> Callable[[], None]:
+    """``waiter``, then Vigil's topics created and every role's ACLs written, as the
+    admin (the super user)."""
+    def wait_then_grant() -> None:
+        from vigil.ops.kafka_acls import apply
+        from vigil.ops.kafka_admin import ensure_topics
+        waiter()
+        ensure_topics(config)
+        _say(f"kafka: {apply(config)} ACLs for the agent, worker, alerter and reader roles")
+    return wait_then_grant
 
 
 def _log_has(svc: Service, needle: str, offset: int) -> bool:
