@@ -113,14 +113,15 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
 
 def _replay_over_processes(trace: str, out_path: str, processes: int, cfg: Config) -> bool:
     """`vigil replay --jobs N`: the trace's jobs over N processes (``vigil.replay_jobs``).
-    False when the plan misread a line and one process must replay it instead."""
+    False when the plan did not hold and one process must replay the trace instead."""
     from vigil.replay_jobs import replay_jobs
 
     progress = Progress("replay")
     outcome = replay_jobs(trace, processes, cfg.detect)
     if outcome is None:
-        log.warning("%s: a line's job or node read differently when decoded whole; "
-                    "replaying in one process", trace)
+        log.warning("%s: the plan over processes did not hold (a line read otherwise "
+                    "when decoded whole, or an invalid line moved a node); replaying in "
+                    "one process", trace)
         return False
     with _open(out_path, "wb") as out:
         for detection in outcome.detections:

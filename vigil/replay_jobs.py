@@ -245,12 +245,12 @@ class Outcome(NamedTuple):
     invalid: dict[int, str]  # line number → reason, every invalid line
     jobs: int
     late: int
-    processes: int  # how many processes gave this outcome (1: replayed again in one)
 
 
 def replay_jobs(path: str, processes: int, cfg: DetectConfig) -> Outcome | None:
-    """The trace's detections from ``processes`` processes; None when the plan met a
-    line it misread, and the trace must be replayed in one process instead."""
+    """The trace's detections from ``processes`` processes; None when the plan did not
+    hold (a line misread, or an invalid line that moved a node), and the trace must be
+    replayed in one process instead."""
     plan = make_plan(path, processes)
     parts = run_parts(path, plan, cfg)
     found = {line: why for part in parts for line, why in part.invalid.items()}
@@ -259,4 +259,4 @@ def replay_jobs(path: str, processes: int, cfg: DetectConfig) -> Outcome | None:
         return None
     detections = sorted((d for part in parts for d in part.detections), key=lambda d: d[0])
     return Outcome([d for _, d in detections], {**plan.invalid, **found},
-                   sum(p.jobs for p in parts), sum(p.late for p in parts), processes)
+                   sum(p.jobs for p in parts), sum(p.late for p in parts))
