@@ -3,9 +3,10 @@ detections, byte for byte and in the same order, as one process writes.
 
 A job's engine sees only that job's samples, with one exception: a node that reports
 under another job has left its old one (``detectors.engine.NodeMoves``), and the old
-job's engine is told at that very line. So the parent first reads each line's job and
-node alone (a msgspec struct of two fields: a fraction of a full parse), gives each
-job to a process (the most lines first, each to the least loaded), and works out
+job's engine is told at that very line. So the parent first reads each line's job,
+node and time alone (a msgspec struct of three fields: a fraction of a full parse),
+gives each job to a process (the costliest first, each to the least loaded: a job
+costs its lines and its bins, ``STEP_LINES``), and works out
 every node move with the line it happens at. Each process (forked: the plan is
 inherited, not copied through a pipe) then reads the trace, decodes and replays its
 own jobs' lines only, and tells its engines of the moves at their lines. Each
@@ -40,13 +41,18 @@ log = logging.getLogger("vigil")
 
 SKIP = 255  # the owner of a line no process replays (blank, invalid, or without a job)
 MAX_PROCESSES = SKIP - 1
+# what a job's evaluated bin costs, in lines ingested: a step of a small job ~2 ms, a
+# line ~100 µs (replay of base-5, py-spy). Only the balance between processes rests
+# on it: lines alone gave hard-15's process with the many small jobs twice the steps.
+STEP_LINES = 20
 
 
 class _Route(msgspec.Struct):
-    """The two fields the plan needs; every other field is skipped unparsed."""
+    """The three fields the plan needs; every other field is skipped unparsed."""
 
     job: str
     node: str
+    ts: float
 
 
 _route = msgspec.json.Decoder(_Route)
@@ -92,8 +98,9 @@ def _lines(path: str) -> Iterator[tuple[int, bytes]]:
         yield from enumerate(trace)
 
 
-def make_plan(path: str, processes: int) -> Plan:
-    """Read each line's job and node and give each job to one of ``processes``."""
+def make_plan(path: str, processes: int, bin_seconds: float = 5.0) -> Plan:
+    """Read each line's job, node and time, and give each job to one of
+    ``processes``."""
     from streams.decode import decode_sample_fast
 
     if not 1 <= processes <= MAX_PROCESSES:
@@ -103,29 +110,37 @@ def make_plan(path: str, processes: int) -> Plan:
     job_index: dict[str, int] = {}
     node_index: dict[str, int] = {}
     invalid: dict[int, str] = {}
+    span: list[list[float]] = []  # job → [first, last] time
     for i, line in _lines(path):
-        job, node = _read_route(line, i, invalid, decode_sample_fast)
+        route = _read_route(line, i, invalid, decode_sample_fast)
         owner.append(SKIP)
-        if job is None or node is None:
+        if route is None:
             job_of.append(-1)
             node_of.append(-1)
             continue
-        job_of.append(job_index.setdefault(job, len(job_index)))
+        job, node, ts = route
+        j = job_index.setdefault(job, len(job_index))
+        job_of.append(j)
         node_of.append(node_index.setdefault(node, len(node_index)))
+        if j == len(span):
+            span.append([ts, ts])
+        elif not span[j][0] <= ts <= span[j][1]:
+            span[j] = [min(ts, span[j][0]), max(ts, span[j][1])]
     jobs, nodes = list(job_index), list(node_index)
-    counts = [0] * len(jobs)
+    # a job's cost: its lines, and its bins (``STEP_LINES`` lines each)
+    cost = [STEP_LINES * (last - first) / bin_seconds for first, last in span]
     for j in job_of:
         if j >= 0:
-            counts[j] += 1
-    load = [0] * processes
+            cost[j] += 1
+    load = [0.0] * processes
     process_of: dict[str, int] = {}
-    # the most lines first, each to the least loaded process (ties: first seen, lowest)
-    for j in sorted(range(len(jobs)), key=lambda j: (-counts[j], j)):
+    # the costliest first, each to the least loaded process (ties: first seen, lowest)
+    for j in sorted(range(len(jobs)), key=lambda j: (-cost[j], j)):
         if not jobs[j]:
             continue  # a sample without a job is replayed by no engine
         p = min(range(processes), key=lambda k: (load[k], k))
         process_of[jobs[j]] = p
-        load[p] += counts[j]
+        load[p] += cost[j]
     for i, j in enumerate(job_of):
         if j >= 0 and jobs[j]:
             owner[i] = process_of[jobs[j]]
@@ -135,23 +150,23 @@ def make_plan(path: str, processes: int) -> Plan:
 
 
 def _read_route(line: bytes, i: int, invalid: dict[int, str],
-                decode: object) -> tuple[str | None, str | None]:
-    """A line's job and node; (None, None) for a blank line or one the contract
+                decode: object) -> tuple[str, str, float] | None:
+    """A line's job, node and time; None for a blank line or one the contract
     refuses (then noted in ``invalid``)."""
     if not line or line.isspace():
-        return None, None
+        return None
     try:
         route = _route.decode(line)
     except (msgspec.ValidationError, msgspec.DecodeError):
         pass  # not plain JSON to msgspec (NaN, say): the contract decides
     else:
-        return route.job, route.node
+        return route.job, route.node, route.ts
     try:
         sample = decode(line)  # type: ignore[operator]
     except ContractError as exc:
         invalid[i + 1] = str(exc)
-        return None, None
-    return sample["job"], sample["node"]
+        return None
+    return sample["job"], sample["node"], float(sample["ts"])
 
 
 def node_moves(plan: Plan, skipped: set[int]) -> list[list[Move]]:
@@ -251,7 +266,7 @@ def replay_jobs(path: str, processes: int, cfg: DetectConfig) -> Outcome | None:
     """The trace's detections from ``processes`` processes; None when the plan did not
     hold (a line misread, or an invalid line that moved a node), and the trace must be
     replayed in one process instead."""
-    plan = make_plan(path, processes)
+    plan = make_plan(path, processes, cfg.bin_seconds)
     parts = run_parts(path, plan, cfg)
     found = {line: why for part in parts for line, why in part.invalid.items()}
     if any(part.misread for part in parts) or (

@@ -79,8 +79,8 @@ def test_a_line_decoded_otherwise_than_planned_falls_back_to_one_process(
     one = _replay(trace, tmp_path / "one.jsonl")
     make_plan = replay_jobs.make_plan
 
-    def misread(path: str, processes: int) -> replay_jobs.Plan:
-        plan = make_plan(path, processes)
+    def misread(path: str, processes: int, bin_seconds: float) -> replay_jobs.Plan:
+        plan = make_plan(path, processes, bin_seconds)
         plan.jobs[0] = "not-" + plan.jobs[0]
         return plan
 
