@@ -2,6 +2,7 @@
 shards that place clocks and seal on their own (docs/sharding.md).
 
     .venv/bin/python bench/bench_shard_seam.py TRACE [TRACE ...] [--shards 2,4,8]
+    .venv/bin/python bench/bench_shard_seam.py --simulate-gpus 16384 --seconds 80 --shards 8
 
 The seam of docs/sharding.md sends stage 2 each node's bin means as stage 1 sealed
 them. Stage 2 then runs the one-stage detectors on them unchanged, so detections are
@@ -11,7 +12,9 @@ and the watermark (a shard seals by its own newest sample). This replays each tr
 once as one stage and once split into ``--shards`` groups of each job's nodes
 (``crc32(node) mod shards``), every engine ingesting and sealing as ``JobEngine``
 does (no detector runs), and compares every node's rows of every sealed bin, bit for
-bit, and the late samples. ``--shared-clock``: the shards of a job share one clock
+bit, and the late samples. ``--simulate-gpus N`` first writes a trace of one job of
+N GPUs with faults (``simulated``) to ``.vigil/bench-seam/`` and adds it to the
+traces. ``--shared-clock``: the shards of a job share one clock
 (``ClockOffsets``), as they would if stage 2 published the job's clock back to
 stage 1 without delay: what is left then is the watermark's part.
 """
@@ -96,15 +99,44 @@ def run(samples: Iterator[Sample], shards: int, cfg: DetectConfig,
     return out, sum(e.late for e in engines.values())
 
 
+def simulated(gpus: int, seconds: float) -> Path:
+    """A trace of one job of ``gpus`` GPUs (8 a node) with faults from 30 s: a slow
+    GPU, an XID, a thermal GPU, a node falling silent, a node whose clock is 30 s
+    ahead; clocks skewed by up to ±1 s, 1 % of messages lost."""
+    from contracts.codec import encode_sample
+    from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+
+    path = Path(f".vigil/bench-seam/sim-{gpus}-{seconds:g}.jsonl")
+    if path.exists():
+        return path
+    nodes = [f"node-{i:05d}" for i in range(max(1, gpus // 8))]
+    start, at = 1_860_000_000.0, 1_860_000_030.0
+    faults = [Fault("slow_gpu", "sim", nodes[0], "1", at), Fault("xid", "sim", nodes[-1], "2", at),
+              Fault("thermal", "sim", nodes[len(nodes) // 2], "5", at),
+              Fault("node_silent", "sim", nodes[len(nodes) // 3], None, at + 10)]
+    cluster = Cluster([JobSpec("sim", nodes)], faults, skew_seconds=1.0, loss=0.01,
+                      offsets={nodes[len(nodes) // 4]: 30.0})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as out:
+        for sample in Simulator(cluster, start, seed=11).samples(seconds):
+            out.write(encode_sample(sample) + b"\n")
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("traces", nargs="+")
+    parser.add_argument("traces", nargs="*")
+    parser.add_argument("--simulate-gpus", type=int, default=0)
+    parser.add_argument("--seconds", type=float, default=80.0)
     parser.add_argument("--shards", default="2,4,8")
     parser.add_argument("--shared-clock", action="store_true",
                         help="the shards of a job share the job's clock")
     args = parser.parse_args()
     cfg = DetectConfig()
-    for trace in args.traces:
+    traces = list(args.traces)
+    if args.simulate_gpus:
+        traces.append(str(simulated(args.simulate_gpus, args.seconds)))
+    for trace in traces:
         t0 = time.perf_counter()
         one, late_one = run(trace_samples(trace), 1, cfg)
         print(f"{trace}: one stage: {len(one):,} node-bins sealed, {late_one} late samples "
