@@ -4,6 +4,12 @@
     .venv/bin/python bench/bench_worker.py [--nodes 256] [--seconds 80] [--workers 1]
     .venv/bin/python bench/bench_worker.py --live 1000 --seconds 90   # latency at load
 
+``--stage1`` runs each worker as a sharded job's stage 1 would work (docs/sharding.md):
+every engine ingests and seals its bins (checkpoints as the worker does) but no
+detector runs (``bench_shard_seam.seal_only`` in place of ``JobEngine.advance``): a
+what-if for stage 1's rate against the no-op Faust agent (``--floor``) in one run
+(the summaries it would publish, one message a shard and bin, are not sent).
+
 ``--workers N`` runs N workers in one consumer group (they share the partitions) and
 reports their combined rate. ``--live R`` publishes R node-samples/s in real time
 instead of pre-loading, and reports the worker's detection latency (wall time from
@@ -51,6 +57,13 @@ START = 1_860_000_000.0
 FAULT_AFTER = 90.0
 # the mixed trace: 12 jobs of 2 to 16 nodes (96 nodes)
 MIXED_SIZES = (2, 16, 4, 12, 6, 8, 3, 10, 14, 5, 8, 8)
+
+
+# a worker whose engines seal bins and run no detector (``--stage1``)
+_STAGE1 = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+           "import bench_shard_seam, detectors.engine as e; "
+           "e.JobEngine.advance = lambda self: bench_shard_seam.seal_only(self) and []; "
+           "from vigil.cli import main; raise SystemExit(main(['worker']))")
 
 
 def _publishing(args: argparse.Namespace) -> dict[str, Any]:
@@ -160,6 +173,8 @@ def main() -> int:
     parser.add_argument("--agent-batches", action="store_true",
                         help="pre-load one record a batch, as agents send them")
     parser.add_argument("--compression", choices=["gzip", "none"], default="gzip")
+    parser.add_argument("--stage1", action="store_true",
+                        help="what-if: the workers seal bins but run no detector")
     parser.add_argument("--live", type=float, default=0.0,
                         help="publish this many node-samples/s in real time")
     args = parser.parse_args()
@@ -193,9 +208,10 @@ def main() -> int:
     profiler = [] if not args.profile else [
         str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
         "--rate", "200", "--nonblocking", "-o"]
+    command = ["-m", "vigil.cli", "worker"] if not args.stage1 else ["-c", _STAGE1]
     workers = [subprocess.Popen([*profiler, *([f"{args.profile}/worker-{port}.txt", "--"]
                                               if profiler else []),
-                                 sys.executable, "-m", "vigil.cli", "worker"],
+                                 sys.executable, *command],
                                 env=dict(env, VIGIL_WORKER_WEB_PORT=str(port)),
                                 stdout=(logs / f"worker-{port}.log").open("ab"),
                                 stderr=subprocess.STDOUT)
@@ -207,8 +223,8 @@ def main() -> int:
     try:
         deadline = time.monotonic() + 900
         done = detections = 0.0
-        while time.monotonic() < deadline and (done < total
-                                               or detections < len(cluster.jobs)):
+        wanted = 0 if args.stage1 else len(cluster.jobs)  # stage 1 detects nothing
+        while time.monotonic() < deadline and (done < total or detections < wanted):
             time.sleep(0.2)
             if any(w.poll() is not None for w in workers):
                 print("a worker exited: see its log", flush=True)
@@ -234,7 +250,8 @@ def main() -> int:
             w.send_signal(signal.SIGINT if profiler else signal.SIGTERM)
         for w in workers:
             w.wait(timeout=60)
-    print(f"{args.workers} worker(s)")
+    print(f"{args.workers} worker(s)" + (" as stage 1 (sealing, no detector)"
+                                         if args.stage1 else ""))
     sizes = sorted({len(j.nodes) for j in cluster.jobs})
     print(f"{total} node-samples ({total * 8} GPU-samples), {len(cluster.jobs)} jobs of "
           + (f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}") + " nodes")

@@ -68,6 +68,17 @@ def _config(cfg: Config, args: argparse.Namespace) -> int:
 
 
 
+def _processes(text: str) -> int:
+    """``--jobs``: a process count, 1..254 (an argparse error otherwise, no traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 254:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 254, not {text!r}")
+    return value
+
+
 def _agent(cfg: Config, args: argparse.Namespace) -> int:
     from vigil import agentcmd
     return agentcmd.run(cfg, args)
@@ -148,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
               "run the detectors over a JSON-lines trace, in event time")
     rep.add_argument("trace", help="trace file of vigil.sample/1 lines, '-' for stdin")
     rep.add_argument("--out", default="-", help="detections output (default stdout)")
+    rep.add_argument("--jobs", type=_processes, default=1, metavar="N",
+                     help="replay the trace's jobs in N processes (same detections, same "
+                          "order; a file, not stdin)")
 
     rpt = add("report", _command("report"),
               "a job's HTML report with per-GPU heatmaps and detections")

@@ -96,6 +96,11 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
     """Run the detectors over a trace in event time and print detections as JSON lines."""
     from detectors.engine import ReplayRunner
 
+    processes = getattr(args, "jobs", 1) or 1
+    if processes > 1 and args.trace != "-":
+        done = _replay_over_processes(args.trace, args.out, processes, cfg)
+        if done:
+            return 0
     runner = ReplayRunner(cfg.detect)
     progress = Progress("replay")
     found = 0
@@ -107,6 +112,30 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
     late = sum(e.late for e in runner.engines.values())
     progress.done(f"{len(runner.engines)} jobs, {found} detections, {late} late samples")
     return 0
+
+
+def _replay_over_processes(trace: str, out_path: str, processes: int, cfg: Config) -> bool:
+    """`vigil replay --jobs N`: the trace's jobs over N processes (``vigil.replay_jobs``).
+    False when the plan did not hold and one process must replay the trace instead."""
+    from vigil.replay_jobs import replay_jobs
+
+    progress = Progress("replay")
+    outcome = replay_jobs(trace, processes, cfg.detect)
+    if outcome is None:
+        log.warning("%s: the plan over processes did not hold (a line read otherwise "
+                    "when decoded whole, or an invalid line moved a node); replaying in "
+                    "one process", trace)
+        return False
+    with _open(out_path, "wb") as out:
+        for detection in outcome.detections:
+            out.write(detection + b"\n")
+    for lineno, why in sorted(outcome.invalid.items()):
+        log.warning("line %d skipped: %s", lineno, why)
+    if outcome.invalid:
+        log.warning("%s: %d invalid lines skipped", trace, len(outcome.invalid))
+    progress.done(f"{outcome.jobs} jobs, {len(outcome.detections)} detections, "
+                  f"{outcome.late} late samples, {processes} processes")
+    return True
 
 
 def topic_samples(cfg: Config, job: str, progress: Progress | None = None,
