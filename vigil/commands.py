@@ -97,7 +97,7 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
     from detectors.engine import ReplayRunner
 
     processes = getattr(args, "jobs", 1) or 1
-    if processes > 1 and args.trace != "-":
+    if processes > 1 and args.trace != "-" and not _compressed(args.trace):
         done = _replay_over_processes(args.trace, args.out, processes, cfg)
         if done:
             return 0
@@ -114,10 +114,22 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _compressed(trace: str) -> bool:
+    """A compressed trace is replayed in one process (the plan reads plain lines); a
+    path that cannot be read is left to the one-process path's error."""
+    from vigil.tracefile import compressed
+
+    try:
+        return compressed(trace)
+    except OSError:
+        return True
+
+
 def _replay_over_processes(trace: str, out_path: str, processes: int, cfg: Config) -> bool:
     """`vigil replay --jobs N`: the trace's jobs over N processes (``vigil.replay_jobs``).
     False when the plan did not hold and one process must replay the trace instead."""
     from vigil.replay_jobs import replay_jobs
+    from vigil.tracefile import skipped_summary
 
     progress = Progress("replay")
     outcome = replay_jobs(trace, processes, cfg.detect)
@@ -129,10 +141,9 @@ def _replay_over_processes(trace: str, out_path: str, processes: int, cfg: Confi
     with _open(out_path, "wb") as out:
         for detection in outcome.detections:
             out.write(detection + b"\n")
-    for lineno, why in sorted(outcome.invalid.items()):
-        log.warning("line %d skipped: %s", lineno, why)
     if outcome.invalid:
-        log.warning("%s: %d invalid lines skipped", trace, len(outcome.invalid))
+        first = [f"line {n}: {why[:160]}" for n, why in sorted(outcome.invalid.items())]
+        skipped_summary(trace, len(outcome.invalid), outcome.lines, first)
     progress.done(f"{outcome.jobs} jobs, {len(outcome.detections)} detections, "
                   f"{outcome.late} late samples, {processes} processes")
     return True

@@ -260,6 +260,7 @@ class Outcome(NamedTuple):
     invalid: dict[int, str]  # line number → reason, every invalid line
     jobs: int
     late: int
+    lines: int  # the trace's lines that were samples or invalid (blank ones not counted)
 
 
 def replay_jobs(path: str, processes: int, cfg: DetectConfig) -> Outcome | None:
@@ -274,4 +275,5 @@ def replay_jobs(path: str, processes: int, cfg: DetectConfig) -> Outcome | None:
         return None
     detections = sorted((d for part in parts for d in part.detections), key=lambda d: d[0])
     return Outcome([d for _, d in detections], {**plan.invalid, **found},
-                   sum(p.jobs for p in parts), sum(p.late for p in parts))
+                   sum(p.jobs for p in parts), sum(p.late for p in parts),
+                   sum(1 for j in plan.job_of if j >= 0) + len(plan.invalid))

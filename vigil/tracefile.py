@@ -77,6 +77,19 @@ def open_trace(path: str) -> Iterator[IO[bytes]]:
             raw.close()
 
 
+def compressed(path: str) -> bool:
+    """Whether the trace at ``path`` is gzip or zstd (told by its first bytes)."""
+    with open(path, "rb") as raw:
+        head = raw.read(4)
+    return head.startswith(GZIP_MAGIC) or head.startswith(ZSTD_MAGIC)
+
+
+def skipped_summary(path: str, skipped: int, total: int, first: list[str]) -> None:
+    """The one warning a trace's invalid lines get: their count and the first few."""
+    log.warning("%s: %d invalid lines skipped (of %d); first: %s", path, skipped, total,
+                "; ".join(first[:SHOWN_SKIPPED]))
+
+
 def read_samples(path: str) -> Iterator[Sample]:
     """The valid samples of a trace, in file order. Skipped lines are summarised once
     (count, first few reasons) in a warning at the end; a trace with none valid is a
@@ -112,5 +125,4 @@ def read_samples(path: str) -> Iterator[Sample]:
                          fix="give a trace written by `vigil simulate --out` or "
                          "`vigil agent --out`")
     if skipped:
-        log.warning("%s: %d invalid lines skipped (of %d); first: %s", path, skipped,
-                    skipped + valid, "; ".join(first))
+        skipped_summary(path, skipped, skipped + valid, first)
