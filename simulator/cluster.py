@@ -39,6 +39,7 @@ from simulator.physics import (
     counters,
     phase_shares,
 )
+from simulator.steps import StepTimings, rank_stall
 
 GPUS_PER_NODE = 8
 GIB = float(1 << 30)
@@ -211,6 +212,7 @@ class Simulator:
         # job → [(true time, healthy step / step with its work spread evenly)]: what
         # the job's own load imbalance costs it (1 for an even job)
         self.load_truth: dict[str, list[tuple[float, float]]] = {}
+        self.step_timings: StepTimings | None = None  # attach to record per-rank steps
 
     def _faults(self, job: str, t: float) -> list[Fault]:
         return [f for f in self.cluster.faults if f.job == job and f.active(t)]
@@ -274,7 +276,7 @@ class Simulator:
                 stage_factor = 1.25 if stage == min(job.stages, len(job.nodes)) - 1 else (
                     1.05 if stage == 0 else 1.0)
             idle[node] = sum((f.severity - 1.0) * job.compute_seconds for f in faults
-                             if f.kind == "slow_host" and f.node == node)
+                             if f.kind == "slow_host" and f.node == node and f.gpu is None)
             for g in range(job.gpus_per_node):
                 key = (node, str(g))
                 factor = stage_factor * self._workload_factor(job, t, n, g)
@@ -287,7 +289,8 @@ class Simulator:
                 speeds[key], states[key] = self._speed(job, node, g, faults, t)
         compute = {k: work[k] * sp.stall / sp.clock for k, sp in speeds.items()}
         healthy = {k: work[k] * self._silicon(job, k) for k in work}
-        barrier = max(idle[k[0]] + c for k, c in compute.items())
+        idle_of = {k: idle[k[0]] + rank_stall(job, faults, k) for k in compute}
+        barrier = max(idle_of[k] + c for k, c in compute.items())
         step = barrier + comm
         healthy_step = max(healthy.values()) + healthy_comm
         even = sum(work.values()) / len(work)
@@ -296,9 +299,12 @@ class Simulator:
             (t, math.inf if "hang" in kinds else step / healthy_step))
         self.load_truth.setdefault(job.name, []).append((t, healthy_step / even_step))
         for key, st in states.items():
-            st.phases = GpuPhases(idle[key[0]], compute[key], barrier, comm)
+            st.phases = GpuPhases(idle_of[key], compute[key], barrier, comm)
         self._steps[job.name] = self._steps.get(job.name, 0.0) + self.tick / step
         origin = self._step_origin(job.name, t, step)
+        if self.step_timings is not None:
+            self.step_timings.observe(job, t, self.tick,
+                                      {k: st.phases for k, st in states.items()}, faults, event)
         for node in job.nodes:
             if any(f.kind == "node_silent" and f.node == node for f in faults):
                 continue
