@@ -17,7 +17,8 @@ from contracts import topics
 from contracts.codec import encode_sample
 from contracts.config import Config
 from contracts.errors import ConfigError
-from contracts.messages import Sample
+from contracts.messages import Sample, StepBatch
+from contracts.steps import encode_steps
 from producers.agent import Agent
 from producers.attribution import SlurmJob, StaticJob
 from producers.metrics import agent_registry
@@ -37,10 +38,39 @@ class JsonLinesSink:
         self.fh.write(encode_sample(sample) + b"\n")
         self.fh.flush()
 
+    def publish_steps(self, batch: StepBatch) -> None:
+        self.fh.write(encode_steps(batch) + b"\n")
+        self.fh.flush()
+
     def close(self, timeout: float = 0.0) -> bool:
         if self.fh is not sys.stdout.buffer:
             self.fh.close()
         return True
+
+
+def _start_witness(cfg: Config, args: argparse.Namespace, node: str, job_of: Callable[[], str],
+                   sink: Any, stop: threading.Event) -> Callable[[], None]:
+    """Receive ``vigil.witness`` records on ``--witness-socket`` in a thread of their own
+    and publish them (``vigil.steps``, or the debug sink); returns what stops it."""
+    from producers.steps import BufferedStepPublisher, WitnessReceiver
+    steps: Any = sink if args.out else BufferedStepPublisher(
+        cfg.kafka_bootstrap, topics.topic(topics.STEPS, cfg.kafka.topic_prefix),
+        capacity=cfg.agent.buffer_capacity, **cfg.kafka_client)
+    receiver = WitnessReceiver(args.witness_socket, node, steps, job_of)
+    thread = threading.Thread(target=receiver.run, args=(0.5, stop), name="vigil-witness",
+                              daemon=True)
+    thread.start()
+
+    def close() -> None:
+        stop.set()
+        thread.join(timeout=5)
+        receiver.poll()  # what arrived since the last poll
+        receiver.close()
+        if steps is not sink:
+            steps.close(timeout=30)
+        log.info("witness: %d steps received, %d published, refused %s", receiver.received,
+                 receiver.published, dict(receiver.invalid))
+    return close
 
 
 def build_sources(cfg: Config, names: list[str], trace: str | None) -> dict[str, Source]:
@@ -137,6 +167,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    stop_witness = _start_witness(cfg, args, agent.node, job_of, sink, threading.Event()) if (
+        getattr(args, "witness_socket", None)) else None
     log.info("agent on %s: sources %s, %s", agent.node, ", ".join(sources),
              f"adaptive {a.base_interval}-{a.max_interval}s" if sampler else "every tick")
     try:
@@ -149,6 +181,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         else:
             agent.run(a.base_interval, stop)
     finally:
+        if stop_witness is not None:
+            stop_witness()
         flushed = sink.close(timeout=30)
         for source in sources.values():
             close = getattr(source, "close", None)

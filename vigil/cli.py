@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--out", help="write JSON lines here ('-' = stdout) instead of Kafka")
     ag.add_argument("--ticks", type=int, help="stop after this many ticks")
     ag.add_argument("--fast", action="store_true", help="with --ticks: do not wait between")
+    ag.add_argument("--witness-socket", help="receive vigil.witness step timings on this Unix "
+                    "socket and publish them on vigil.steps (docs/witness.md)")
 
     sel = add("select-metrics", _command("select_metrics"),
               "pick representative GPU metrics from a trace (Moneo §2.2)")
