@@ -186,7 +186,10 @@ class JobEngine:
             found.extend(find_stragglers(view, self.stragglers, self.peer_memory))
         found.extend(slowdown.find_slowdown(view, found, self.slowdown_memory))
         cost.annotate(view, found, self.cost_memory, set(self.tracker.conditions))
-        timings = self.step_detector.evaluate(self.steps, last_bin)
+        still_open = {k.split("|", 1)[0] for k, c in self.tracker.conditions.items()
+                      if c.get("firing")}
+        timings = self.step_detector.evaluate(self.steps, last_bin,
+                                              step_merge.explains(found, still_open))
         return step_merge.merge(found, timings, lambda node, gpu: self.step_detector.rank_view(
             self.steps, node, gpu), bool(view.gpus))
 

@@ -8,7 +8,8 @@ the counters blame, one of its GPUs the timings do; or the reverse) and a rank t
 timings find slower where the counters see more work (``load_imbalance``: a hot
 expert) is one condition too: the counters' finding names it, as they can tell work
 from slowness and timings cannot. A timing ``slowdown`` that another finding of the
-job explains is that finding's measured cost, not a finding of its own.
+job explains (now, or at any time since it began: ``evidence.explained``) is that
+finding's measured cost, not a finding of its own.
 
 What only one view shows says so: ``agree: false`` where the other view covers the
 same place and saw nothing (for a counters' straggler: its ranks' compute is not
@@ -58,6 +59,13 @@ def _same_fault(counters: list[Finding], t: Finding) -> list[int]:
             and f.node == t.node and (t.gpu is None or f.gpu in (None, t.gpu))]
 
 
+def explains(counters: list[Finding], open_kinds: set[str] | frozenset[str] = frozenset()
+             ) -> bool:
+    """Whether the counters' findings of the bin, or the incidents still open
+    (``open_kinds``), explain a slowdown of the job's steps."""
+    return any(f.kind in EXPLAINING for f in counters) or bool(open_kinds & EXPLAINING)
+
+
 def merge(counters: list[Finding], timings: list[Finding],
           look: Callable[[str, str | None], dict[str, Any] | None],
           counters_speak: bool) -> list[Finding]:
@@ -72,7 +80,7 @@ def merge(counters: list[Finding], timings: list[Finding],
             for i in same:
                 out[i] = _measured(out[i], t)
             continue
-        if t.kind == "slowdown" and any(f.kind in EXPLAINING for f in counters):
+        if t.kind == "slowdown" and (t.evidence.get("explained") or explains(counters)):
             costed = [i for i, f in enumerate(out) if is_costed(f)]
             if len(costed) == 1:  # the one fault the slowdown is
                 out[costed[0]] = _measured(out[costed[0]], t)

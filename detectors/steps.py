@@ -95,8 +95,10 @@ class StepDetector:
         self.cusum = cusum
         self.memory = memory
 
-    def evaluate(self, window: StepWindow, b: int) -> list[Finding]:
-        """Findings for bin ``b`` (a bin with no step holds the evidence as it was)."""
+    def evaluate(self, window: StepWindow, b: int, explained: bool = False) -> list[Finding]:
+        """Findings for bin ``b`` (a bin with no step holds the evidence as it was).
+        ``explained``: another finding of the job (the counters') explains a slowdown
+        now; the slowdown is then reported only as that finding's measured cost."""
         rows = window.medians(b)
         now = (b + 1) * window.bin_seconds
         mem = self.memory
@@ -134,7 +136,7 @@ class StepDetector:
         flagged = [k for k, s in sums.items() if s >= self.cusum.h and k in window.ranks]
         found = self._stragglers(window, b, flagged, mem.get("wall", math.nan))
         found.extend(self._stage_imbalance(window, b, stage_median, now))
-        slow = self._slowdown(wall, b, window.bin_seconds, now, bool(flagged))
+        slow = self._slowdown(wall, b, window.bin_seconds, bool(flagged), explained)
         found.extend(slow)
         for f in found:  # what each costs the whole job: one GPU a rank
             ev = f.evidence
@@ -256,8 +258,8 @@ class StepDetector:
         return [Finding("load_imbalance", None, None, "info", ("step_compute",),
                         excess[worst], summary, started, evidence)]
 
-    def _slowdown(self, wall: float, b: int, bin_seconds: float, now: float,
-                  explained: bool) -> list[Finding]:
+    def _slowdown(self, wall: float, b: int, bin_seconds: float, by_straggler: bool,
+                  by_other: bool) -> list[Finding]:
         """A bin's step level joins the healthy history only once it leaves the recent
         mean, and only while no inflation is open: a slowdown's first bins are judged
         before they can become the norm."""
@@ -293,12 +295,15 @@ class StepDetector:
             run = mem["run"] = {"since": b * bin_seconds, "bins": 0, "explained": False}
         run["bins"] += 1
         run["calm"] = 0
-        # a run a straggler explained at any time is that straggler's, to its end
-        run["explained"] = run["explained"] or explained
+        # a run another finding explained at any time is that finding's, to its end:
+        # a straggler's carries its own cost; another's (the counters') gets this one
+        run["explained"] = run["explained"] or by_straggler
+        run["other"] = run.get("other", False) or by_other
         if run["bins"] < SUSTAIN_BINS or run["explained"]:
             return []
         evidence = {"source": SOURCE, "healthy_step": round(healthy, 5),
-                    "step": round(level, 5), **cost_fields(0, inflation, "steps")}
+                    "step": round(level, 5), "explained": run["other"],
+                    **cost_fields(0, inflation, "steps")}
         summary = (f"The job's steps take {inflation:.0%} longer than its healthy level "
                    f"({level * 1000:.0f} ms vs {healthy * 1000:.0f} ms, measured step "
                    f"times), with no rank to blame.")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from contracts import topics
+from contracts import STEP_SCHEMA, topics
 from contracts.codec import (
     ContractError,
     decode_sample,
@@ -89,18 +89,44 @@ def trace_samples(path: str, progress: Progress | None = None) -> Iterator[Sampl
         log.warning("%s: %d invalid lines skipped", path, len(bad))
 
 
+def _sample_or_steps(raw: bytes | str) -> Any:
+    """One trace line: a ``vigil.step/1`` batch (lenient: a bad step costs that step) or
+    a sample (the worker's fast decoder)."""
+    from contracts.steps import decode_steps
+    from streams.decode import decode_sample_fast
+
+    steps = b'"vigil.step/1"' in raw if isinstance(raw, bytes) else '"vigil.step/1"' in raw
+    if steps:
+        return decode_steps(raw, [])
+    return decode_sample_fast(raw)
+
+
 def replay(cfg: Config, args: argparse.Namespace) -> int:
-    """Run the detectors over a trace in event time and print detections as JSON lines."""
+    """Run the detectors over a trace in event time and print detections as JSON lines.
+    The trace may hold per-rank step timings (``vigil.step/1``) beside the samples, or
+    instead of them."""
     from detectors.engine import ReplayRunner
 
     runner = ReplayRunner(cfg.detect)
     progress = Progress("replay")
     found = 0
-    with _open(args.out, "wb") as out:
-        for sample in trace_samples(args.trace, progress):
-            for detection in runner.feed(sample):
+    bad: list[int] = []
+
+    def invalid(lineno: int, exc: ContractError) -> None:
+        bad.append(lineno)
+        log.warning("line %d skipped: %s", lineno, exc)
+
+    with _open(args.out, "wb") as out, _open(args.trace, "rb") as trace:
+        for count, message in enumerate(decode_trace(trace, invalid, _sample_or_steps), 1):
+            progress.update(f"{count + len(bad):,} lines, {len(bad)} invalid")
+            line: Any = message  # a sample or a step batch (``_sample_or_steps``)
+            fed = (runner.feed_steps(line) if line["schema"] == STEP_SCHEMA
+                   else runner.feed(line))
+            for detection in fed:
                 found += 1
                 out.write(encode_detection(detection) + b"\n")
+    if bad:
+        log.warning("%s: %d invalid lines skipped", args.trace, len(bad))
     late = sum(e.late for e in runner.engines.values())
     progress.done(f"{len(runner.engines)} jobs, {found} detections, {late} late samples")
     return 0

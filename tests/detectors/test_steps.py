@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +132,17 @@ def test_steps_for_bins_already_evaluated_are_counted_late() -> None:
     before = engine.late
     engine.ingest_steps(batches[0])
     assert engine.late == before + sum(len(r["steps"]) for r in batches[0]["ranks"])
+
+
+def test_replay_reads_step_timings_beside_samples_or_alone(tmp_path: Path) -> None:
+    """``vigil replay`` on a trace of step batches alone finds the slow rank."""
+    from contracts.steps import encode_steps
+    from vigil.cli import main
+
+    trace, out = tmp_path / "steps.jsonl", tmp_path / "det.jsonl"
+    lines = [encode_steps(b) for b in _batches(150)]
+    trace.write_bytes(b"\n".join([*lines, b'{"schema": "vigil.step/1", "job": ""}']) + b"\n")
+    assert main(["replay", str(trace), "--out", str(out)]) == 0
+    found = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(d["kind"], d["node"], d["gpu"]) for d in found if d["state"] == "firing"] == [
+        ("straggler", "b", "2")]
