@@ -48,28 +48,60 @@ class JsonLinesSink:
         return True
 
 
-def _start_witness(cfg: Config, args: argparse.Namespace, node: str, job_of: Callable[[], str],
-                   sink: Any, stop: threading.Event) -> Callable[[], None]:
-    """Receive ``vigil.witness`` records on ``--witness-socket`` in a thread of their own
-    and publish them (``vigil.steps``, or the debug sink); returns what stops it."""
+def _start_steps(cfg: Config, args: argparse.Namespace, node: str, job_of: Callable[[], str],
+                 sink: Any, stop: threading.Event) -> Callable[[], None]:
+    """Receive ``vigil.witness`` records on ``--witness-socket`` and tail ``--log-tail``
+    in a thread of their own, and publish the steps (``vigil.steps``, or the debug
+    sink); returns what stops it."""
+    from producers.logtail import PATTERNS, LogPattern, LogTail
     from producers.steps import BufferedStepPublisher, WitnessReceiver
     steps: Any = sink if args.out else BufferedStepPublisher(
         cfg.kafka_bootstrap, topics.topic(topics.STEPS, cfg.kafka.topic_prefix),
         capacity=cfg.agent.buffer_capacity, **cfg.kafka_client)
-    receiver = WitnessReceiver(args.witness_socket, node, steps, job_of)
-    thread = threading.Thread(target=receiver.run, args=(0.5, stop), name="vigil-witness",
-                              daemon=True)
+    receiver = (WitnessReceiver(args.witness_socket, node, steps, job_of)
+                if args.witness_socket else None)
+    tail = None
+    if args.log_tail:
+        pattern = PATTERNS.get(args.log_pattern) or LogPattern("custom", args.log_pattern)
+        try:
+            tail = LogTail(args.log_tail, pattern, node, job_of() or "")
+        except (ValueError, re.error) as exc:
+            raise ConfigError(f"agent: --log-pattern: {exc}") from None
+
+    def loop() -> None:
+        while not stop.is_set():
+            poll()
+            stop.wait(0.5)
+
+    def poll() -> None:
+        if receiver is not None:
+            receiver.poll()
+        if tail is not None:
+            tail.job = job_of() or tail.job
+            batch = tail.poll()
+            if batch is not None and tail.job:
+                try:
+                    steps.publish_steps(batch)
+                except Exception as exc:  # a batch the contract refuses: counted, go on
+                    tail.dropped[type(exc).__name__] += 1
+
+    thread = threading.Thread(target=loop, name="vigil-steps", daemon=True)
     thread.start()
 
     def close() -> None:
         stop.set()
         thread.join(timeout=5)
-        receiver.poll()  # what arrived since the last poll
-        receiver.close()
+        poll()  # what arrived since the last poll
+        if receiver is not None:
+            receiver.close()
+            log.info("witness: %d steps received, %d published, refused %s",
+                     receiver.received, receiver.published, dict(receiver.invalid))
+        if tail is not None:
+            tail.close()
+            log.info("log tail: %d step lines, dropped %s", tail.parser.matched,
+                     dict(tail.dropped))
         if steps is not sink:
             steps.close(timeout=30)
-        log.info("witness: %d steps received, %d published, refused %s", receiver.received,
-                 receiver.published, dict(receiver.invalid))
     return close
 
 
@@ -167,8 +199,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    stop_witness = _start_witness(cfg, args, agent.node, job_of, sink, threading.Event()) if (
-        getattr(args, "witness_socket", None)) else None
+    stop_witness = _start_steps(cfg, args, agent.node, job_of, sink, threading.Event()) if (
+        getattr(args, "witness_socket", None) or getattr(args, "log_tail", None)) else None
     log.info("agent on %s: sources %s, %s", agent.node, ", ".join(sources),
              f"adaptive {a.base_interval}-{a.max_interval}s" if sampler else "every tick")
     try:

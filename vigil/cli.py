@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--fast", action="store_true", help="with --ticks: do not wait between")
     ag.add_argument("--witness-socket", help="receive vigil.witness step timings on this Unix "
                     "socket and publish them on vigil.steps (docs/witness.md)")
+    ag.add_argument("--log-tail", help="tail this job log for its step times (vigil.steps)")
+    ag.add_argument("--log-pattern", default="megatron", help="megatron, deepspeed, or a "
+                    "regular expression with (?P<step>) and (?P<ms>) or (?P<ts>) groups")
 
     sel = add("select-metrics", _command("select_metrics"),
               "pick representative GPU metrics from a trace (Moneo §2.2)")

@@ -145,14 +145,18 @@ def test_a_step_is_cheap(tmp_path: Path, batch: int) -> None:
 
 
 def test_the_agent_command_publishes_what_witnesses_send(tmp_path: Path) -> None:
-    """``vigil agent --witness-socket``: the witness's steps come out as vigil.step/1."""
+    """``vigil agent --witness-socket --log-tail``: the witness's steps and the job log's
+    iteration lines come out as vigil.step/1."""
     import json
     import subprocess
 
-    path, out = _socket(tmp_path), tmp_path / "out.jsonl"
+    path, out, train_log = _socket(tmp_path), tmp_path / "out.jsonl", tmp_path / "train.log"
+    megatron = Path(__file__).parents[1] / "producers" / "fixtures" / "logs" / (
+        "megatron_issue756.log")
+    train_log.write_text("")
     agent = subprocess.Popen([sys.executable, "-m", "vigil.cli", "agent", "--sources",
                               "fake-nvml", "--job", "job-7", "--out", str(out), "--ticks", "12",
-                              "--witness-socket", path])
+                              "--witness-socket", path, "--log-tail", str(train_log)])
     try:
         deadline = time.monotonic() + 30
         while not Path(path).exists() and time.monotonic() < deadline:
@@ -160,10 +164,15 @@ def test_the_agent_command_publishes_what_witnesses_send(tmp_path: Path) -> None
         w = Witness(job="", rank=3, gpu="3", path=path, flush_seconds=0.0)
         for i in range(5):
             w.step(step=i, compute=0.05, wall=0.1)
+        train_log.write_bytes(megatron.read_bytes())
         assert agent.wait(timeout=60) == 0
     finally:
         agent.kill()
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     steps = [m for m in lines if m["schema"] == "vigil.step/1"]
-    assert [s["step"] for m in steps for r in m["ranks"] for s in r["steps"]] == list(range(5))
+    witnessed = [m for m in steps if m["source"] == "witness"]
+    logged = [m for m in steps if m["source"] == "megatron-log"]
+    assert [s["step"] for m in witnessed for r in m["ranks"] for s in r["steps"]] == list(
+        range(5))
+    assert [s["step"] for m in logged for r in m["ranks"] for s in r["steps"]] == [71, 72, 73]
     assert {m["job"] for m in steps} == {"job-7"} and w.sent == 5
