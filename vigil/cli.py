@@ -25,6 +25,11 @@ def _command(name: str) -> Handler:
     return run
 
 
+def _goodput(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.goodputcmd import goodput
+    return goodput(cfg, args)
+
+
 def _up(cfg: Config, args: argparse.Namespace) -> int:
     from vigil.ops import localstack
     localstack.up(cfg)
@@ -132,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     rpt.add_argument("--trace", help="JSON-lines trace (default: the samples topic)")
     rpt.add_argument("--out", help="HTML file (default vigil-report-JOB.html)")
 
+    gp = add("goodput", _goodput, "GPU-hours lost to faults, by day, week, cause, node, GPU")
+    gp.add_argument("--since", default="7d", help="30m, 12h, 7d, 2w back, or Unix seconds")
+    gp.add_argument("--job", help="one job (default: the fleet)")
+    gp.add_argument("--json", action="store_true", help="the whole summary as JSON")
+
     add("worker", _worker, "run the Faust stream worker")
 
     ag = add("agent", _agent, "the node agent: sample this node's GPUs, NICs and host")
@@ -219,7 +229,7 @@ OWN_PACKAGES = ("vigil", "contracts", "producers", "simulator", "detectors", "st
 # command → the extra that brings its dependencies (pyproject.toml)
 EXTRA_OF = {"agent": "agent", "worker": "worker", "alerter": "alerter", "alerts": "alerter",
             "top": "alerter", "silence": "alerter", "ack": "alerter", "actions": "alerter",
-            "nodes": "alerter", "repair": "alerter"}
+            "nodes": "alerter", "repair": "alerter", "goodput": "alerter"}
 
 
 def configure_logging(command: str, verbose: bool) -> None:
