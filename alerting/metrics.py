@@ -17,6 +17,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from alerting.cost import goodput
+from alerting.goodput import goodput_metrics
 from alerting.repair import NOT_IN_SERVICE, REPAIR_BUCKETS, gpu_hours
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class AlerterCollector(Collector):
         yield GaugeMetricFamily("vigil_alerter_open_incidents", "incidents firing now",
                                 value=len(a.router.open))
         yield from cost_metrics(a)
+        yield from goodput_metrics(a.goodput)
         yield from repair_metrics(a)
         yield GaugeMetricFamily("vigil_alerter_redis_backlog",
                                 "detections delivered but not yet written to Redis",

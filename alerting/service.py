@@ -39,6 +39,7 @@ from alerting.channels import (
 from alerting.cost import CostLedger, escalate_on_cost
 from alerting.delivery import ChannelWorker, DeliveryPolicy
 from alerting.executors import CommandExecutor, Executor, KubernetesExecutor, SlurmExecutor
+from alerting.goodput import GoodputLedger
 from alerting.metrics import serve_metrics
 from alerting.outage import RedisOutage
 from alerting.remediation import Remediator
@@ -164,6 +165,7 @@ class Alerter:
         self._pruned_at = 0.0
         self.outage = RedisOutage()
         self.ledger = CostLedger()  # GPU-hours lost, for /metrics
+        self.goodput = GoodputLedger(state.r, state.prefix)  # ... by day and cause, in Redis
         self.job_gpus: dict[str, int] = {}  # job → GPUs in its latest status
         self._escalated: set[str] = set()  # incidents raised to critical on cost
         self._uncommitted = False
@@ -271,6 +273,8 @@ class Alerter:
         if self.remediator is not None and not self.outage.ongoing:
             try:
                 self.remediator.tick()
+                if self.remediator.repair is not None:  # nodes out of service lose GPU time
+                    self.goodput.observe_out(self.remediator.repair.log.out_nodes(), time.time())
             except redis.RedisError as exc:
                 self.outage.lost(exc)
 
@@ -294,6 +298,7 @@ class Alerter:
         if not self.outage.ongoing:  # Redis believed up
             try:
                 fresh = self.state.apply(det)
+                self.goodput.apply(det)  # idempotent: an incident is written once
             except redis.RedisError as exc:
                 self.outage.lost(exc)
         newer = self.outage.remember(det)

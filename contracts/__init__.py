@@ -6,3 +6,4 @@ imports this one.
 
 SAMPLE_SCHEMA = "vigil.sample/1"
 DETECTION_SCHEMA = "vigil.detection/1"
+STEP_SCHEMA = "vigil.step/1"

@@ -38,7 +38,7 @@ DETECTION_KINDS = ("straggler", "network_bound", "hang", "gpu_health", "link_hea
 DETECTION_STATES = ("firing", "resolved")
 SEVERITIES = ("info", "warning", "critical")
 # evidence.cost_basis: how a detection's cost was estimated (docs/contract.md)
-COST_BASES = ("baseline", "blamed", "none", "hang")
+COST_BASES = ("baseline", "blamed", "none", "hang", "steps")
 
 _SAMPLE_FIELDS = {"schema", "ts", "job", "node", "gpus", "host", "nics", "meta"}
 _DETECTION_FIELDS = {"schema", "id", "kind", "state", "severity", "job", "node", "gpu",

@@ -100,3 +100,35 @@ def location(node: str | None, gpu: str | None) -> str:
     if node is None:
         return "whole job"
     return node if gpu is None else f"{node} GPU {gpu}"
+
+
+class StepTiming(TypedDict):
+    """One step of one rank in ``vigil.step/1``: its index, when it ended, how long it
+    took on this rank, and (where known) how long the rank computed before it waited
+    for the others."""
+
+    step: int
+    end: float
+    wall: float
+    compute: NotRequired[float]
+
+
+class RankSteps(TypedDict):
+    """One rank's steps in ``vigil.step/1``: where it runs and what it is in the job."""
+
+    rank: int | None  # global rank; null: the job's step as one logger saw it
+    gpu: NotRequired[str]  # local GPU index on the node, as in samples
+    stage: NotRequired[int]  # pipeline stage
+    dp: NotRequired[int]  # data-parallel rank
+    steps: list[StepTiming]
+
+
+class StepBatch(TypedDict):
+    """``vigil.step/1``: one node's ranks, for one or more steps (key = job id)."""
+
+    schema: str
+    job: str
+    node: str
+    source: NotRequired[str]  # witness, megatron-log, deepspeed-log, simulator, ...
+    ranks: list[RankSteps]
+    meta: NotRequired[dict[str, Any]]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
+from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA, STEP_SCHEMA
 from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
 from contracts.codec import (
     COST_BASES,
@@ -23,6 +23,7 @@ from contracts.codec import (
     SEVERITIES,
 )
 from contracts.names import JOB_SCHEMA_PATTERN, MAX_NODE_CHARS, NODE_SCHEMA_PATTERN
+from contracts.steps import COMPUTE_SLACK, MAX_RANK, MAX_RANKS, MAX_STEPS, MAX_WALL_SECONDS
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -116,9 +117,60 @@ def detection_schema() -> dict[str, Any]:
     }
 
 
+def step_schema() -> dict[str, Any]:
+    """JSON Schema of ``vigil.step/1`` (the validator also checks ``compute`` against
+    ``wall``, which JSON Schema cannot say: at most ``COMPUTE_SLACK`` × wall)."""
+    index = {"type": "integer", "minimum": 0, "maximum": MAX_RANK}
+    step = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["step", "end", "wall"],
+        "properties": {
+            "step": {"type": "integer", "minimum": 0, "maximum": 1 << 53,
+                     "description": "the step's (iteration's) index in the job"},
+            "end": {"type": "number", "exclusiveMinimum": 0,
+                    "description": "when the step ended on this rank (Unix seconds, node clock)"},
+            "wall": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WALL_SECONDS,
+                     "description": "the step's wall time on this rank (s)"},
+            "compute": {"type": "number", "minimum": 0,
+                        "description": "time the rank worked before it waited for its peers "
+                                       f"(s, at most {COMPUTE_SLACK} x wall)"},
+        },
+    }
+    rank = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["rank", "steps"],
+        "properties": {
+            "rank": {"oneOf": [{"type": "null"}, index]},
+            "gpu": {"type": "string", "pattern": "^[0-9]{1,3}$"},
+            "stage": index,
+            "dp": index,
+            "steps": {"type": "array", "maxItems": MAX_STEPS, "items": step},
+        },
+    }
+    return {
+        "$schema": _DIALECT,
+        "$id": "vigil.step/1",
+        "title": "One node's ranks' step timings for one or more steps (key = job id)",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schema", "job", "node", "ranks"],
+        "properties": {
+            "schema": {"const": STEP_SCHEMA},
+            "job": _id(empty_ok=False),
+            "node": _id(empty_ok=False),
+            "source": _id(empty_ok=False),
+            "ranks": {"type": "array", "minItems": 1, "maxItems": MAX_RANKS, "items": rank},
+            "meta": {"type": "object"},
+        },
+    }
+
+
 def rendered() -> dict[str, str]:
     """File name → JSON text, as committed under ``contracts/schemas/``."""
-    docs = {"sample-1.json": sample_schema(), "detection-1.json": detection_schema()}
+    docs = {"sample-1.json": sample_schema(), "detection-1.json": detection_schema(),
+            "step-1.json": step_schema()}
     return {name: json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
             for name, doc in docs.items()}
 

@@ -4,6 +4,7 @@ SAMPLES = "vigil.samples"
 DETECTIONS = "vigil.detections"
 DEADLETTER = "vigil.deadletter"
 ALERTS = "vigil.alerts"
+STEPS = "vigil.steps"  # per-rank step timings, vigil.step/1 (key = job id)
 ACTIONS = "vigil.actions"
 STATUS = "vigil.status"  # internal: the live view's feed (contracts/status.py)
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from contracts.codec import DETECTION_KINDS
 from contracts.config import DetectConfig
-from contracts.messages import Detection, Sample
-from detectors import cost, hang, links, network, slowdown, straggler, synchrony
+from contracts.messages import Detection, Sample, StepBatch
+from detectors import cost, hang, links, network, slowdown, step_merge, straggler, synchrony
 from detectors.clocks import ClockOffsets
 from detectors.findings import Finding
 from detectors.grouping import group_by_node
@@ -27,6 +27,9 @@ from detectors.held import HeldReadings
 from detectors.incidents import IncidentTracker
 from detectors.links import LinkParams, find_link_faults
 from detectors.network import NetworkParams, find_network_bound
+from detectors.sequential import Cusum
+from detectors.step_window import StepWindow
+from detectors.steps import StepDetector
 from detectors.straggler import StragglerParams, find_stragglers
 from detectors.window import ALL_GPU_METRICS, ALL_NIC_METRICS, JobWindow, WindowView
 
@@ -68,6 +71,11 @@ class JobEngine:
         self.hang_params = HangParams(cfg.hang_seconds)
         self.link_params = LinkParams(cfg.link_z, errors_per_window=cfg.ib_errors_per_window)
         self.network_params = NetworkParams(cfg.network_link_share)
+        # per-rank step timings (vigil.step/1), where the job sends them
+        self.steps = StepWindow(cfg.bin_seconds, state.get("steps"))
+        self.step_detector = StepDetector(
+            Cusum.for_rate(cfg.straggler_false_alarms_per_1000_days, cfg.bin_seconds),
+            state.get("step_memory", {}))
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: window, health, open conditions, watermark bookkeeping."""
@@ -78,6 +86,7 @@ class JobEngine:
                 "cost": self.cost_memory, "slowdown": self.slowdown_memory,
                 "synchrony": self.sync_memory, "hang": self.hang_memory,
                 "clocks": self.clocks.to_state(),
+                "steps": self.steps.to_state(), "step_memory": self.step_detector.memory,
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 
     def ingest(self, sample: Sample) -> list[Detection]:
@@ -110,6 +119,20 @@ class JobEngine:
             return []
         return self._with_job_size(self.tracker.update(sample["ts"], immediate, set()))
 
+    def ingest_steps(self, batch: StepBatch) -> None:
+        """Fold a validated step batch in (``detectors/step_window.py``); steps of bins
+        already evaluated are counted in ``late``. Timings alone move the watermark
+        too: a job may be watched from its timings only (a replayed trace)."""
+        opened = self.max_ts is not None and self.next_bin is not None
+        _, late, latest = self.steps.add(batch, self.next_bin if opened else None)
+        self.late += late
+        if latest is None:
+            return
+        first = self.steps.first_bin()
+        if first is not None and (self.next_bin is None or (not opened and first < self.next_bin)):
+            self.next_bin = first
+        self.max_ts = latest if self.max_ts is None else max(self.max_ts, latest)
+
     def node_left(self, node: str) -> None:
         """The node now reports under another job (or none): forget it here, so it is
         never taken for a silent node of this job."""
@@ -131,6 +154,7 @@ class JobEngine:
             self.next_bin += 1
             self._skip_gap(closed)  # data, then a long gap (a clock far off), then data
         self.window.drop_before(self.next_bin - self.window_bins)
+        self.steps.drop_before(self.next_bin)
         self.held.forget_before(self.max_ts - self.cfg.held_seconds)
         return out
 
@@ -177,7 +201,12 @@ class JobEngine:
         if nodes_together:
             found.extend(slowdown.find_slowdown(view, found, self.slowdown_memory))
         cost.annotate(view, found, self.cost_memory, set(self.tracker.conditions))
-        return found
+        still_open = {k.split("|", 1)[0] for k, c in self.tracker.conditions.items()
+                      if c.get("firing")}
+        timings = self.step_detector.evaluate(self.steps, last_bin,
+                                              step_merge.explains(found, still_open))
+        return step_merge.merge(found, timings, lambda node, gpu: self.step_detector.rank_view(
+            self.steps, node, gpu), bool(view.gpus))
 
     def _evaluate(self, last_bin: int) -> list[Detection]:
         now = (last_bin + 1) * self.cfg.bin_seconds
@@ -232,3 +261,11 @@ class ReplayRunner:
         if engine is None:
             engine = self.engines[sample["job"]] = JobEngine(sample["job"], self.cfg)
         return engine.ingest(sample) + engine.advance()
+
+    def feed_steps(self, batch: StepBatch) -> list[Detection]:
+        """Ingest one validated step batch and return any detections it triggers."""
+        engine = self.engines.get(batch["job"])
+        if engine is None:
+            engine = self.engines[batch["job"]] = JobEngine(batch["job"], self.cfg)
+        engine.ingest_steps(batch)
+        return engine.advance()

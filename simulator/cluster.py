@@ -52,6 +52,7 @@ from simulator.physics import (
     counters,
     phase_shares,
 )
+from simulator.steps import StepTimings, rank_stall
 
 GPUS_PER_NODE = 8
 GIB = float(1 << 30)
@@ -299,6 +300,7 @@ class Simulator:
         # job → [(true time, healthy step / step with its work spread evenly)]: what
         # the job's own load imbalance costs it (1 for an even job)
         self.load_truth: dict[str, list[tuple[float, float]]] = {}
+        self.step_timings: StepTimings | None = None  # attach to record per-rank steps
 
     def _faults(self, job: str, t: float) -> list[Fault]:
         return [f for f in self.cluster.faults if f.job == job and f.active(t)]
@@ -363,7 +365,7 @@ class Simulator:
                 continue
             stage_factor = job.stage_factor(n) if job.pipelined else 1.0
             idle[node] = sum((f.severity - 1.0) * job.compute_seconds for f in faults
-                             if f.kind == "slow_host" and f.node == node)
+                             if f.kind == "slow_host" and f.node == node and f.gpu is None)
             if env is not None:  # the host launching the step, the loader's hand-over
                 idle[node] += env.host_gap * job.compute_seconds
             for g in range(job.gpus_per_node):
@@ -382,7 +384,8 @@ class Simulator:
         healthy = {k: work[k] * self._silicon(job, k) / states[k].nominal_clock for k in work}
         bubble = job.bubble()
         gap = env.host_gap * job.compute_seconds if env is not None else 0.0
-        barrier = max(idle[k[0]] + c for k, c in compute.items()) * bubble
+        idle_of = {k: idle[k[0]] + rank_stall(job, faults, k) for k in compute}
+        barrier = max(idle_of[k] + c for k, c in compute.items()) * bubble
         step = barrier + comm
         healthy_step = (gap + max(healthy.values())) * bubble + healthy_comm
         even = sum(work.values()) / len(work)
@@ -393,10 +396,13 @@ class Simulator:
         self.load_truth.setdefault(job.name, []).append((t, healthy_step / even_step))
         link = self._link_compute(job)
         for key, st in states.items():
-            st.phases = GpuPhases(idle[key[0]], compute[key], barrier, comm)
+            st.phases = GpuPhases(idle_of[key], compute[key], barrier, comm)
             st.link_compute = link
         self._steps[job.name] = self._steps.get(job.name, 0.0) + self.tick / step
         origin = self._step_origin(job.name, t, step)
+        if self.step_timings is not None:
+            self.step_timings.observe(job, t, self.tick,
+                                      {k: st.phases for k, st in states.items()}, faults, event)
         for node in job.nodes:
             if any(f.kind == "node_silent" and f.node == node for f in faults):
                 continue

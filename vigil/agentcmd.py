@@ -19,8 +19,9 @@ from contracts.codec import encode_sample
 from contracts.config import Config
 from contracts.errors import ConfigError, VigilError
 from contracts.identity import Signer
-from contracts.messages import Sample
+from contracts.messages import Sample, StepBatch
 from contracts.names import node_problem
+from contracts.steps import encode_steps
 from producers.agent import Agent
 from producers.attribution import SlurmJob, StaticJob
 from producers.metrics import agent_registry
@@ -42,10 +43,71 @@ class JsonLinesSink:
         self.fh.write(encode_sample(sample) + b"\n")
         self.fh.flush()
 
+    def publish_steps(self, batch: StepBatch) -> None:
+        self.fh.write(encode_steps(batch) + b"\n")
+        self.fh.flush()
+
     def close(self, timeout: float = 0.0) -> bool:
         if self.fh is not sys.stdout.buffer:
             self.fh.close()
         return True
+
+
+def _start_steps(cfg: Config, args: argparse.Namespace, node: str, job_of: Callable[[], str],
+                 sink: Any, stop: threading.Event) -> Callable[[], None]:
+    """Receive ``vigil.witness`` records on ``--witness-socket`` and tail ``--log-tail``
+    in a thread of their own, and publish the steps (``vigil.steps``, or the debug
+    sink); returns what stops it."""
+    from producers.logtail import PATTERNS, LogPattern, LogTail
+    from producers.steps import BufferedStepPublisher, WitnessReceiver
+    steps: Any = sink if args.out else BufferedStepPublisher(
+        cfg.kafka_bootstrap, topics.topic(topics.STEPS, cfg.kafka.topic_prefix),
+        capacity=cfg.agent.buffer_capacity, **cfg.kafka_client)
+    receiver = (WitnessReceiver(args.witness_socket, node, steps, job_of)
+                if args.witness_socket else None)
+    tail = None
+    if args.log_tail:
+        pattern = PATTERNS.get(args.log_pattern) or LogPattern("custom", args.log_pattern)
+        try:
+            tail = LogTail(args.log_tail, pattern, node, job_of() or "")
+        except (ValueError, re.error) as exc:
+            raise ConfigError(f"agent: --log-pattern: {exc}") from None
+
+    def loop() -> None:
+        while not stop.is_set():
+            poll()
+            stop.wait(0.5)
+
+    def poll() -> None:
+        if receiver is not None:
+            receiver.poll()
+        if tail is not None:
+            tail.job = job_of() or tail.job
+            batch = tail.poll()
+            if batch is not None and tail.job:
+                try:
+                    steps.publish_steps(batch)
+                except Exception as exc:  # a batch the contract refuses: counted, go on
+                    tail.dropped[type(exc).__name__] += 1
+
+    thread = threading.Thread(target=loop, name="vigil-steps", daemon=True)
+    thread.start()
+
+    def close() -> None:
+        stop.set()
+        thread.join(timeout=5)
+        poll()  # what arrived since the last poll
+        if receiver is not None:
+            receiver.close()
+            log.info("witness: %d steps received, %d published, refused %s",
+                     receiver.received, receiver.published, dict(receiver.invalid))
+        if tail is not None:
+            tail.close()
+            log.info("log tail: %d step lines, dropped %s", tail.parser.matched,
+                     dict(tail.dropped))
+        if steps is not sink:
+            steps.close(timeout=30)
+    return close
 
 
 def build_sources(cfg: Config, names: list[str], trace: str | None) -> dict[str, Source]:
@@ -161,6 +223,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    stop_witness = _start_steps(cfg, args, agent.node, job_of, sink, threading.Event()) if (
+        getattr(args, "witness_socket", None) or getattr(args, "log_tail", None)) else None
     log.info("agent on %s: sources %s, %s", agent.node, ", ".join(sources),
              f"adaptive {a.base_interval}-{a.max_interval}s" if sampler else "every tick")
     wait = a.base_interval if not (args.ticks and args.fast) else 0
@@ -183,6 +247,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         else:
             agent.run(a.base_interval, stop)
     finally:
+        if stop_witness is not None:
+            stop_witness()
         flushed = sink.close(timeout=30)
         for source in sources.values():
             close = getattr(source, "close", None)

@@ -38,6 +38,11 @@ def _command(name: str) -> Handler:
     return run
 
 
+def _goodput(cfg: Config, args: argparse.Namespace) -> int:
+    from vigil.goodputcmd import goodput
+    return goodput(cfg, args)
+
+
 def _up(cfg: Config, args: argparse.Namespace) -> int:
     from vigil.ops import localstack
     localstack.up(cfg)
@@ -169,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     rpt.add_argument("--trace", help="JSON-lines trace (default: the samples topic)")
     rpt.add_argument("--out", help="HTML file (default vigil-report-JOB.html)")
 
+    gp = add("goodput", _goodput, "GPU-hours lost to faults, by day, week, cause, node, GPU")
+    gp.add_argument("--since", default="7d", help="30m, 12h, 7d, 2w back, or Unix seconds")
+    gp.add_argument("--job", help="one job (default: the fleet)")
+    gp.add_argument("--json", action="store_true", help="the whole summary as JSON")
+
     add("worker", _worker, "run the Faust stream worker")
 
     ag = add("agent", _agent, "the node agent: sample this node's GPUs, NICs and host")
@@ -179,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--out", help="write JSON lines here ('-' = stdout) instead of Kafka")
     ag.add_argument("--ticks", type=int, help="stop after this many ticks")
     ag.add_argument("--fast", action="store_true", help="with --ticks: do not wait between")
+    ag.add_argument("--witness-socket", help="receive vigil.witness step timings on this Unix "
+                    "socket and publish them on vigil.steps (docs/witness.md)")
+    ag.add_argument("--log-tail", help="tail this job log for its step times (vigil.steps)")
+    ag.add_argument("--log-pattern", default="megatron", help="megatron, deepspeed, or a "
+                    "regular expression with (?P<step>) and (?P<ms>) or (?P<ts>) groups")
 
     sel = add("select-metrics", _command("select_metrics"),
               "pick representative GPU metrics from a trace (Moneo §2.2)")

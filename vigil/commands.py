@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from contracts import topics
+from contracts import STEP_SCHEMA, topics
 from contracts.codec import (
     ContractError,
     decode_sample,
@@ -92,8 +92,22 @@ def trace_samples(path: str, progress: Progress | None = None) -> Iterator[Sampl
         yield sample
 
 
+def _sample_or_steps(raw: bytes | str) -> Any:
+    """One trace line: a ``vigil.step/1`` batch (lenient: a bad step costs that step) or
+    a sample (the worker's fast decoder)."""
+    from contracts.steps import decode_steps
+    from streams.decode import decode_sample_fast
+
+    steps = b'"vigil.step/1"' in raw if isinstance(raw, bytes) else '"vigil.step/1"' in raw
+    if steps:
+        return decode_steps(raw, [])
+    return decode_sample_fast(raw)
+
+
 def replay(cfg: Config, args: argparse.Namespace) -> int:
-    """Run the detectors over a trace in event time and print detections as JSON lines."""
+    """Run the detectors over a trace in event time and print detections as JSON lines.
+    The trace may hold per-rank step timings (``vigil.step/1``) beside the samples, or
+    instead of them."""
     from detectors.engine import ReplayRunner
 
     processes = getattr(args, "jobs", 1) or 1
@@ -101,12 +115,17 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
         done = _replay_over_processes(args.trace, args.out, processes, cfg)
         if done:
             return 0
+    from vigil.tracefile import read_samples
+
     runner = ReplayRunner(cfg.detect)
     progress = Progress("replay")
     found = 0
     with _open(args.out, "wb") as out:
-        for sample in trace_samples(args.trace, progress):
-            for detection in runner.feed(sample):
+        for count, line in enumerate(read_samples(args.trace, _sample_or_steps), 1):
+            progress.update(f"{count:,} lines")
+            fed = (runner.feed_steps(line) if line["schema"] == STEP_SCHEMA
+                   else runner.feed(line))
+            for detection in fed:
                 found += 1
                 out.write(encode_detection(detection) + b"\n")
     late = sum(e.late for e in runner.engines.values())

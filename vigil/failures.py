@@ -18,7 +18,7 @@ from contracts.errors import ConfigError, VigilError
 # command → the extra that brings its dependencies (pyproject.toml)
 EXTRA_OF = {"agent": "agent", "worker": "worker", "alerter": "alerter", "alerts": "alerter",
             "top": "alerter", "silence": "alerter", "ack": "alerter", "actions": "alerter",
-            "nodes": "alerter", "repair": "alerter"}
+            "nodes": "alerter", "repair": "alerter", "goodput": "alerter"}
 OWN_PACKAGES = ("vigil", "contracts", "producers", "simulator", "detectors", "streams",
                 "alerting")
 DIST = "vigil-gpu-monitor"

@@ -14,13 +14,12 @@ import io
 import logging
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import IO
+from typing import IO, Any
 
 from contracts.codec import decode_trace
 from contracts.errors import ContractError, VigilError
-from contracts.messages import Sample
 
 log = logging.getLogger("vigil.trace")
 
@@ -90,11 +89,16 @@ def skipped_summary(path: str, skipped: int, total: int, first: list[str]) -> No
                 "; ".join(first[:SHOWN_SKIPPED]))
 
 
-def read_samples(path: str) -> Iterator[Sample]:
-    """The valid samples of a trace, in file order. Skipped lines are summarised once
-    (count, first few reasons) in a warning at the end; a trace with none valid is a
+def read_samples(path: str, decode: Callable[[bytes | str], Any] | None = None
+                 ) -> Iterator[Any]:
+    """The valid messages of a trace (samples, or what ``decode`` reads: a sample or
+    a step batch), in file order. Skipped lines are summarised once (count, first
+    few reasons) in a warning at the end; a trace with none valid is a
     ``TraceError`` naming the file and the first reason."""
-    from streams.decode import decode_sample_fast  # msgspec: parse and validate at once
+    if decode is None:
+        from streams.decode import decode_sample_fast  # msgspec: parse, validate at once
+
+        decode = decode_sample_fast
 
     skipped = 0
     first: list[str] = []
@@ -108,7 +112,7 @@ def read_samples(path: str) -> Iterator[Sample]:
     valid = 0
     try:
         with open_trace(path) as lines:
-            for sample in decode_trace(lines, invalid, decode_sample_fast):
+            for sample in decode_trace(lines, invalid, decode):
                 valid += 1
                 yield sample
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:

@@ -109,6 +109,7 @@ EVERY = {
     "alerter": ["alerter", "--max-seconds", "1"], "alerts": ["alerts"],
     "top": ["top", "--once"], "silence": ["silence", "list"], "actions": ["actions"],
     "nodes": ["nodes"], "repair": ["repair", "done", "gpu-01"], "ack": ["ack", "x"],
+    "goodput": ["goodput"],
 }
 
 

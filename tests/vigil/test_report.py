@@ -51,7 +51,7 @@ def test_page_is_self_contained_with_plots_and_detections(tmp_path: Path) -> Non
     data = build(samples, "rep", DetectConfig())
     page = render(data)
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(images) == 4  # heatmaps, throughput, shares, step-time inflation
+    assert len(images) == 5  # heatmaps, throughput, shares, inflation, GPU-hours lost
     assert all(base64.b64decode(i).startswith(b"\x89PNG\r\n\x1a\n") for i in images)
     assert "http://" not in page and "https://" not in page  # nothing fetched when opened
     assert "link_health" in page and "r2" in page

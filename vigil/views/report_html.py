@@ -18,6 +18,7 @@ import numpy as np
 from alerting.cost import cost_text
 from contracts.status import HEAT_METRICS, HEAT_NAMES
 from vigil.views.report import MOSTLY_LOW_TENSOR, ReportData
+from vigil.views.report_goodput import goodput_png
 
 MAX_ROW_LABELS = 48
 
@@ -134,7 +135,8 @@ def render(data: ReportData) -> str:
             for d in data.detections]
     outliers = [[row, HEAT_NAMES[m][1], f"{mean:.0%}", f"{z:.1f}"]
                 for row, m, mean, z in data.stands_out]
-    images = (heatmaps_png(data), throughput_png(data), shares_png(data), inflation_png(data))
+    images = (heatmaps_png(data), throughput_png(data), shares_png(data), inflation_png(data),
+              goodput_png(data, _png, plt))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Vigil report: {html.escape(data.job)}</title>
 <style>
@@ -158,6 +160,8 @@ its node, of a node against the job's nodes (|z| ≥ 3.5 shown). A slow GPU ofte
 <p class="note">Estimated from counters: the healthy GPUs' compute duty cycle falls as
 the job's steps stretch, so inflation = (the job's 90th-percentile duty cycle over the
 trace) / (this bin's) − 1. Dots: each detection's own cost estimate.</p>
+<h2>GPU-hours lost, by cause</h2>
+<img alt="goodput" src="data:image/png;base64,{images[4]}">
 <h2>Per-GPU activity</h2>
 <img alt="heatmaps" src="data:image/png;base64,{images[0]}">
 <h2>Link throughput</h2>
