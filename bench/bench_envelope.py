@@ -9,7 +9,7 @@ the envelope suite's held-out seeds.
 Classes and seeds: ``vigil/evaluation/envelope.py``; the ranges and their sources:
 ``simulator/envelope.py``; the columns: ``vigil/evaluation/sensitivity.py``. The
 defaults (3 held-out seeds, 4-node jobs, every parameter and class: 27 rows of 17
-scenarios) take about 10 minutes on 2 cores.
+scenarios) take 680 s of CPU: 6-13 minutes on the shared 2 cores.
 """
 
 from __future__ import annotations

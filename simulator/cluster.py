@@ -73,7 +73,9 @@ JOB_KINDS = ("data_parallel", "dp_overlap", "fsdp", "tensor_parallel", "pipeline
 
 # fault kind → detection kinds that correctly report it (the first is its own kind)
 FAULT_KINDS: dict[str, tuple[str, ...]] = {
-    "slow_gpu": ("straggler", "gpu_health"),  # gpu_health where its reasons name a fault
+    # a slowdown the driver flags: under the envelope as HW slowdown (0x8), which the
+    # health check rightly reports too (0x4, the older suites' flag, it does not)
+    "slow_gpu": ("straggler", "gpu_health"),
     "slow_node": ("straggler", "gpu_health"),
     "thermal": ("gpu_health", "straggler"),
     "nvlink_degraded": ("link_health", "straggler"),
@@ -294,6 +296,7 @@ class Simulator:
         self._env = random.Random(f"{seed}-envelope")
         self._last: dict[tuple[str, str], dict[str, float]] = {}  # for stale fields
         self._load: dict[tuple[str, str], tuple[float, float]] = {}  # replica → (level, burst)
+        self._settled: dict[tuple[str, str], float] = {}  # GPU → the clock its cap last held
         # job → [(true time, actual step / healthy step)], one per tick: the ground
         # truth of what the job's faults cost (inf while it hangs)
         self.truth: dict[str, list[tuple[float, float]]] = {}
@@ -486,16 +489,20 @@ class Simulator:
                         (job.name, node, str(g), "leak"), lambda: max(0.8, self._env.gauss(
                             1.0, env.silicon_sigma))) * (env.compute_watts - IDLE_WATTS) / (
                                 NOMINAL_COMPUTING_WATTS)
-                    burn = IDLE_WATTS + computing_watts(st.speed, st.watts_scale)
-                    if burn > env.power_limit:  # served in bursts: held on its kernels' draw
-                        sp, scale = st.speed, st.watts_scale
+                    sp, scale = st.speed, st.watts_scale
 
-                        def draw(c: float, sp: Speed = sp, scale: float = scale) -> float:
-                            return IDLE_WATTS + computing_watts(
-                                Speed(c, sp.mem_clock, sp.stall, sp.intensity,
-                                      sp.memory_bound), scale)
+                    def draw(c: float, sp: Speed = sp, scale: float = scale) -> float:
+                        return IDLE_WATTS + computing_watts(
+                            Speed(c, sp.mem_clock, sp.stall, sp.intensity,
+                                  sp.memory_bound), scale)
 
-                        clock = capped_clock(draw, env.power_limit, sp.clock)
+                    # served in bursts: held on its kernels' draw, the same every tick
+                    # while its speed is
+                    cap_key = (job.name, node, str(g), "cap", str(sp.clock), str(sp.stall))
+                    if cap_key not in self._drawn:
+                        self._drawn[cap_key] = capped_clock(draw, env.power_limit, sp.clock)
+                    clock = self._drawn[cap_key]
+                    if clock < sp.clock:
                         st.speed = Speed(clock, sp.mem_clock, sp.stall, sp.intensity,
                                          sp.memory_bound)
                         st.throttle |= THROTTLE_SW_POWER_CAP
@@ -605,7 +612,9 @@ class Simulator:
                 held = min(1.0, POWER_CONTROL_SECONDS / step)
                 return held * mean + (1.0 - held) * burn
 
-            clock = capped_clock(draw, env.power_limit, sp.clock)
+            settled = self._settled.get(key)
+            clock = capped_clock(draw, env.power_limit, sp.clock, near=settled)
+            self._settled[key] = clock
             st.nominal_clock = clock if sp.clock >= 1.0 else capped_clock(
                 draw, env.power_limit, 1.0)
             if clock < sp.clock - 1e-6:

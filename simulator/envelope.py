@@ -130,14 +130,19 @@ def draw(rng: random.Random, pins: Mapping[str, str] | None = None) -> Envelope:
 
 
 def capped_clock(draw_at: Callable[[float], float], limit: float, top: float,
-                 floor: float = 0.3) -> float:
+                 floor: float = 0.3, near: float | None = None) -> float:
     """The highest clock (a share of nominal, at most ``top``) at which ``draw_at(clock)``
-    (watts, rising with the clock) fits under ``limit``: what the driver's power
-    capping settles on. ``top`` when the draw already fits."""
+    (watts, rising with the clock) fits under ``limit``, to 0.1 %: what the driver's
+    power capping settles on. ``top`` when the draw already fits. ``near``: where it
+    settled last time (a step's draw moves little from one tick to the next), tried
+    first as a bracket of ±1 %."""
     if draw_at(top) <= limit:
         return top
     low, high = floor, top
-    for _ in range(14):
+    if near is not None and floor + 0.01 < near < top - 0.01:
+        if draw_at(near - 0.01) <= limit < draw_at(near + 0.01):
+            low, high = near - 0.01, near + 0.01
+    while high - low > 1e-3:
         mid = (low + high) / 2
         if draw_at(mid) <= limit:
             low = mid
