@@ -47,7 +47,9 @@ def _exported() -> set[str]:
                               outage=SimpleNamespace(errors=0, backlog=[]),
                               outcomes={("slack", "delivered"): 1}, workers={},
                               router=SimpleNamespace(open={}), ledger=CostLedger(),
-                              job_gpus={})
+                              job_gpus={}, goodput=SimpleNamespace(
+                                  rows=lambda since, until: [
+                                      ("j", {"kind": "hang", "source": "counters"}, 1.0)]))
     names = set()
     for registry in (WorkerMetrics().registry, agent_registry(agent, publisher),  # type: ignore[arg-type]
                      alerter_registry(alerter)):  # type: ignore[arg-type]

@@ -27,19 +27,27 @@ def _run(cluster: Cluster, seconds: float, seed: int = 2) -> tuple[list[dict[str
     return fired, sim
 
 
-@pytest.mark.parametrize(("nodes", "severity", "within"), [(4, 1.25, 10), (8, 1.25, 10),
-                                                         (4, 1.15, 15), (8, 1.15, 15)])
-def test_a_data_loader_bound_node_is_a_host_bound_straggler_within_seconds(
-        nodes: int, severity: float, within: float) -> None:
+@pytest.mark.parametrize(("nodes", "severity", "within"), [(4, 1.25, 40), (8, 1.25, 15),
+                                                         (8, 1.15, 30), (4, 1.15, None)])
+def test_a_data_loader_bound_node_is_a_host_bound_straggler(
+        nodes: int, severity: float, within: float | None) -> None:
     """Its GPUs run no kernel while the job's others spin in their collectives: the
-    node-level idle statistic names it in two or three bins, 15 % loaders included
-    (the job-level slowdown, the only way before, took 30 s and missed 15 %). Not
-    remediated: the host's input, not the GPUs. The cost is the job's."""
+    node-level idle statistic names it, where its window averages corroborate it (it
+    keeps fewer SMs resident per unit of work and draws less power: it idles where
+    they spin). Not remediated: the host's input, not the GPUs. The cost is the job's.
+
+    Slower than before issue #45 (10-15 s), and a 15 % loader on four nodes is missed
+    here (``within`` None: never blamed elsewhere): NVML's last-period ``gpu_util``
+    alone raised host-bound stragglers on healthy jobs, and precision was chosen."""
     job = JobSpec("dl", [f"n{i}" for i in range(nodes)])
     fault = Fault("slow_host", "dl", "n1", None, T0 + 200, severity=severity)
     fired, sim = _run(Cluster([job], [fault]), 400)
-    assert [(d["kind"], d["node"], d["gpu"]) for d in fired] == [("straggler", "n1", None)]
-    [det] = fired
+    stragglers = [d for d in fired if d["kind"] == "straggler"]
+    assert {(d["node"], d["gpu"]) for d in stragglers} <= {("n1", None)}
+    assert {d["kind"] for d in fired} <= {"straggler", "slowdown"}
+    if within is None:
+        return
+    det = stragglers[0]
     assert det["detected_at"] - fault.start <= within
     assert det["evidence"]["host_bound"] is True and det["evidence"]["remediable"] is False
     assert det["evidence"]["gpu_util"] < det["evidence"]["peer_gpu_util"]

@@ -82,15 +82,21 @@ def test_busy_time_explained_by_memory_work_is_no_evidence_and_a_stall_is() -> N
 
 def test_idle_time_is_read_for_nodes_against_the_job_never_for_one_gpu() -> None:
     """A node whose GPUs run no kernel a fifth of the time while the job's other
-    GPUs keep one running reads ``log(1 / 0.8)`` of idle time; one GPU's own
+    GPUs keep one running reads ``log(1 / 0.8)`` of idle time, and counts where its
+    SMs per unit of work and its power say so too (issue #45); one GPU's own
     ``gpu_util`` is too coarse to be read (it raised false stragglers on the foreign
     traces), so the GPU level never carries the statistic."""
-    nodes, slots = 4, 8
+    nodes, slots = 5, 8
     latest = np.full((len(GPU_READS), nodes, slots), np.nan)
     for metric, value in (("sm_active", 0.6), ("tensor_active", 0.3), ("sm_clock", 1980.0),
-                          ("dram_active", 0.3), ("mem_clock", 2619.0), ("gpu_util", 1.0)):
+                          ("dram_active", 0.3), ("mem_clock", 2619.0), ("gpu_util", 1.0),
+                          ("power", 500.0)):
         latest[GPU_READS.index(metric)] = value
-    latest[GPU_READS.index("gpu_util"), 2] = 0.8  # node 2 waits for its host
+    latest[GPU_READS.index("gpu_util"), 2] = 0.8  # node 2 waits for its host ...
+    # ... so it never spins in the collective: fewer SMs per unit of work, less power
+    latest[GPU_READS.index("sm_active"), 2] = 0.58
+    latest[GPU_READS.index("power"), 2] = 480.0
+    latest[GPU_READS.index("gpu_util"), 3] = 0.8  # node 3: a read instant in the job's gap
     latest[GPU_READS.index("gpu_util"), 0, 3] = 0.5  # one GPU's coarse reading
     node_idx, slot_idx = np.repeat(np.arange(nodes), slots), np.tile(np.arange(slots), nodes)
     view = SimpleNamespace(nodes=[f"n{i}" for i in range(nodes)],
@@ -98,6 +104,9 @@ def test_idle_time_is_read_for_nodes_against_the_job_never_for_one_gpu() -> None
                            positions=lambda: (node_idx, slot_idx))
     gpu, node = _levels(view, latest, "tensor_active", 0.05)  # type: ignore[arg-type]
     idle = STATS.index("idle")
-    assert node.stats[idle].tolist() == pytest.approx([0.0, 0.0, np.log(1 / 0.8), 0.0])
-    assert node.valid[idle].all() and node.gate[idle].all()
+    assert node.stats[idle].tolist() == pytest.approx([0.0, 0.0, np.log(1 / 0.8),
+                                                       np.log(1 / 0.8), 0.0])
+    assert node.valid[idle].all()
+    # idle time counts only where the node's window averages say it idled too
+    assert node.gate[idle].tolist() == [False, False, True, False, False]
     assert not gpu.valid[idle].any()
