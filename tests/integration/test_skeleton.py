@@ -69,7 +69,7 @@ def test_injected_slow_gpu_reaches_redis(isolated_env: dict[str, str], isolated_
     subprocess.run([*VIGIL, "report", fault["job"], "--out", str(report)], env=isolated_env,
                    check=True, timeout=120)  # from the samples topic
     page = report.read_text()
-    assert page.count("data:image/png;base64,") == 5  # four plots, and lost GPU-hours by cause (#47)
+    assert page.count("data:image/png;base64,") == 5  # four plots, lost GPU-hours by cause
     assert f"<td>{fault['node']}</td><td>{fault['gpu']}</td>" in page  # the detection row
 
     heat = [st for st in statuses if st["kind"] == "job" and st["job"] == fault["job"]]
