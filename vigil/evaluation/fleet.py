@@ -84,16 +84,7 @@ def fleet_job(index: int, start: float, seconds: float, seed: int,
     if kind.startswith("moe"):
         # compute- or network-bound
         spec["comm_seconds"] = rng.choice((0.2, 0.8)) * step
-        if kind == "moe_persistent":
-            spec.update(moe_walk_sigma=rng.uniform(0.05, 0.15),
-                        moe_walk_steps=rng.uniform(200, 2000),
-                        moe_replace_steps=rng.uniform(1000, 3000),
-                        moe_fixed_hot=rng.choice((0, 1, 2)),
-                        moe_amplitude=rng.uniform(0.2, 0.5))
-        elif kind == "moe_rotating":
-            spec["moe_rotation_seconds"] = rng.uniform(60, 180)
-        elif kind == "moe_dwell":
-            spec["moe_dwell_seconds"] = rng.uniform(60, 180)
+        spec.update(_moe_load(kind, kind == "moe_persistent", rng))
     job = JobSpec(name, [f"{name}-n{i:03d}" for i in range(nodes)],
                   kind="moe" if kind.startswith("moe") else kind,
                   events=_events(start, seconds, rng), **spec)  # type: ignore[arg-type]
@@ -133,6 +124,23 @@ def _kinds(seed: int, count: int) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _moe_load(kind: str, persistent: bool, rng: random.Random) -> dict[str, object]:
+    """How an MoE fleet job's expert load moves: a persistent share that wanders,
+    jumps and stays hot, rotating, or dwelling (drawn in this order: the fleets'
+    jobs are the same every time)."""
+    if persistent:
+        return {"moe_walk_sigma": rng.uniform(0.05, 0.15),
+                "moe_walk_steps": rng.uniform(200, 2000),
+                "moe_replace_steps": rng.uniform(1000, 3000),
+                "moe_fixed_hot": rng.choice((0, 1, 2)),
+                "moe_amplitude": rng.uniform(0.2, 0.5)}
+    if kind == "moe_rotating":
+        return {"moe_rotation_seconds": rng.uniform(60, 180)}
+    if kind == "moe_dwell":
+        return {"moe_dwell_seconds": rng.uniform(60, 180)}
+    return {}
+
+
 def _envelope_job(index: int, start: float, seconds: float, seed: int) -> FleetJob:
     """A fleet job over the envelope (see the module docstring)."""
     rng = random.Random(f"fleet-envelope-{seed}-{index}")
@@ -148,16 +156,7 @@ def _envelope_job(index: int, start: float, seconds: float, seed: int) -> FleetJ
     if job_kind == "moe":
         spec.update(comm_seconds=rng.choice((0.2, 0.8)) * step,
                     moe_across_nodes=kind != "moe_intra")
-        if kind in ("moe_persistent", "moe_intra"):
-            spec.update(moe_walk_sigma=rng.uniform(0.05, 0.15),
-                        moe_walk_steps=rng.uniform(200, 2000),
-                        moe_replace_steps=rng.uniform(1000, 3000),
-                        moe_fixed_hot=rng.choice((0, 1, 2)),
-                        moe_amplitude=rng.uniform(0.2, 0.5))
-        elif kind == "moe_rotating":
-            spec["moe_rotation_seconds"] = rng.uniform(60, 180)
-        elif kind == "moe_dwell":
-            spec["moe_dwell_seconds"] = rng.uniform(60, 180)
+        spec.update(_moe_load(kind, kind in ("moe_persistent", "moe_intra"), rng))
     elif kind in ("dp_overlap", "fsdp"):
         spec["overlap"] = rng.uniform(0.5, 0.9)
     elif kind == "tensor_parallel":
