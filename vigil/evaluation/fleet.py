@@ -88,13 +88,7 @@ def fleet_job(index: int, start: float, seconds: float, seed: int,
     job = JobSpec(name, [f"{name}-n{i:03d}" for i in range(nodes)],
                   kind="moe" if kind.startswith("moe") else kind,
                   events=_events(start, seconds, rng), **spec)  # type: ignore[arg-type]
-    impairments: dict[str, object] = {}
-    if rng.random() < 0.3:
-        impairments["node_loss"] = {rng.choice(job.nodes): 0.4}
-    if nodes >= 3 and rng.random() < 0.3:
-        ahead, drifting = rng.sample(job.nodes, 2)
-        impairments["offsets"] = {ahead: rng.choice((-30.0, 30.0))}
-        impairments["drift"] = {drifting: rng.uniform(-60, 60)}
+    impairments = _impairments(job.nodes, rng)
     # drawn last, so that every other draw of a job is what it was before this was
     # added: embedding or optimizer shards left uneven on one or two GPUs a node
     if not kind.startswith("moe") and rng.random() < 0.3:
@@ -122,6 +116,19 @@ def _kinds(seed: int, count: int) -> tuple[str, ...]:
         hours[kind] += nodes
         out.append(kind)
     return tuple(out)
+
+
+def _impairments(nodes: list[str], rng: random.Random) -> dict[str, object]:
+    """A fleet job's message-path impairments: a lossy node, and on three nodes or
+    more a clock set off by 30 s and one drifting."""
+    out: dict[str, object] = {}
+    if rng.random() < 0.3:
+        out["node_loss"] = {rng.choice(nodes): 0.4}
+    if len(nodes) >= 3 and rng.random() < 0.3:
+        ahead, drifting = rng.sample(nodes, 2)
+        out["offsets"] = {ahead: rng.choice((-30.0, 30.0))}
+        out["drift"] = {drifting: rng.uniform(-60, 60)}
+    return out
 
 
 def _moe_load(kind: str, persistent: bool, rng: random.Random) -> dict[str, object]:
@@ -173,13 +180,7 @@ def _envelope_job(index: int, start: float, seconds: float, seed: int) -> FleetJ
     events = [] if job_kind == "async_replicas" else _events(start, seconds, rng)
     job = JobSpec(name, [f"{name}-n{i:03d}" for i in range(nodes)], kind=job_kind,
                   events=events, envelope=env, **spec)  # type: ignore[arg-type]
-    impairments: dict[str, object] = {}
-    if rng.random() < 0.3:
-        impairments["node_loss"] = {rng.choice(job.nodes): 0.4}
-    if nodes >= 3 and rng.random() < 0.3:
-        ahead, drifting = rng.sample(job.nodes, 2)
-        impairments["offsets"] = {ahead: rng.choice((-30.0, 30.0))}
-        impairments["drift"] = {drifting: rng.uniform(-60, 60)}
+    impairments = _impairments(job.nodes, rng)
     cluster = Cluster([job], skew_seconds=env.clock_skew, loss=env.loss, reorder_seconds=2.0,
                       tick=env.tick, **impairments)  # type: ignore[arg-type]
     return FleetJob(name, cluster, seconds)
