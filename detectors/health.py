@@ -72,6 +72,7 @@ MAX_SILENT_SECONDS = 120.0  # however lossy its path, a node this quiet is silen
 # of a node's own interval: a path losing 5 % of samples misses four ticks in a row
 # once in 160,000 (the loss a node's cadence shows is learned too slowly at 30 s ticks)
 SILENT_TICKS = 4.5
+MAX_SILENT_TICKS = 10  # ... and however lossy its path, silent after this many of its ticks
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,9 @@ class HealthMonitor:
         """Seconds without a sample after which ``node`` counts as silent: at least
         ``silent_seconds`` and ``SILENT_TICKS`` of its own interval (an agent may
         tick every 30 s, as dcgm-exporter's default scrape does), more where its
-        path is seen to lose more samples, at most ``MAX_SILENT_SECONDS``. Its
+        path is seen to lose more samples, at most ``MAX_SILENT_SECONDS`` or
+        ``MAX_SILENT_TICKS`` of its ticks, whichever is longer (a path that loses 40 %
+        of a 30 s agent's samples misses four in a row every hour). Its
         interval is at least the job's typical one (a node heard only once is given
         that), and while no node's interval is known, the silence is the longest."""
         known = sorted(c[0] for c in self.cadence.values() if c[0] > 0)
@@ -151,10 +154,10 @@ class HealthMonitor:
         base = max(self.p.silent_seconds, SILENT_TICKS * interval)
         arriving = min(1.0, interval / mean) if mean > 0 else 1.0
         if arriving >= 1.0 or interval <= 0:
-            return min(base, MAX_SILENT_SECONDS)
+            return base
         lost = 1.0 - arriving
         by_chance = interval * math.log(self.p.silent_by_chance) / math.log(lost)
-        return min(max(base, by_chance), MAX_SILENT_SECONDS)
+        return min(max(base, by_chance), max(MAX_SILENT_SECONDS, MAX_SILENT_TICKS * interval))
 
     def forget_node(self, node: str) -> None:
         """The node left the job: no silence or missing GPU is judged for it."""

@@ -148,14 +148,6 @@ class StreamTable:
         """Key → the stream's flat list of floats (JSON-able)."""
         return dict(zip(self.keys, self.rows.tolist(), strict=True))
 
-    def offsets(self, keys: list[str], metric: int, metrics: int) -> Array:
-        """Each of ``keys``' learned offset of metric ``metric`` (0 for a stream not
-        known yet)."""
-        index = {k: i for i, k in enumerate(self.keys)}
-        column = OFF * metrics + metric
-        return np.array([self.rows[index[k], column] if k in index else 0.0 for k in keys],
-                        dtype=np.float64)
-
     def rows_for(self, keys: list[str], fresh: tuple[float, ...]) -> Array:
         """(streams × fields) for ``keys`` in order; a key not known starts ``fresh``."""
         if keys == self.keys:

@@ -268,7 +268,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     for level in ("node", "gpu"):
         learned[level] = StreamTable.load(learned.get(level))
     gpu_level, node_level = _levels(view, latest, basis, phase_floor, clock_faults,
-                                    compare_nodes, learned["gpu"])
+                                    compare_nodes)
     nodes, gpus = advance(
         [Comparison(_peer_level(node_level, float("inf"), True), p.node_test, learned["node"],
                     learned.setdefault("noise_node", {})),
@@ -374,8 +374,8 @@ def _work(latest: Array, basis: str | None) -> Array:
 
 
 def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: float,
-            clock_faults: Collection[str] = frozenset(), compare_nodes: bool = True,
-            gpu_streams: StreamTable | None = None) -> tuple[_Readings, _Readings]:
+            clock_faults: Collection[str] = frozenset(), compare_nodes: bool = True
+            ) -> tuple[_Readings, _Readings]:
     """Each GPU against the GPUs of its node; each node's median GPU against the
     job's nodes. Peers whose median busy time is below ``phase_floor`` are in another
     part of the step this bin (a lossy node's one window in the collective, say):
@@ -415,9 +415,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     _memory_explains(own_per_work, own_per_memory_work),
                     _ratio(memory[at], node_memory[node_idx]), extra_processes,
                     # one GPU's gpu_util is too coarse to compare (see the docstring)
-                    util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault,
-                    normal=None if gpu_streams is None else gpu_streams.offsets(
-                        view.gpu_keys, STATS.index("slowness"), len(STATS)))
+                    util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
                      node_memory, node_util)]
@@ -472,7 +470,6 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
               memory_explained: NDArray[np.bool_], memory_ratio: Array,
               extra_processes: Array, util: tuple[Array, Array],
               clock_fault: NDArray[np.bool_] | None = None,
-              normal: Array | None = None,
               quieter: NDArray[np.bool_] | None = None) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
@@ -480,12 +477,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     slowness may not count for a fault, and the bytes moved are the load's work;
     ``memory_ratio``: bytes moved a second over the peers'; ``util``: the streams'
     ``gpu_util`` and their peers'; ``clock_fault``: where the clock-event reasons
-    name a fault; ``normal``: each stream's learned slowness offset, where known).
-
-    "Busier" is against the stream's own normal where that is below its peers': a
-    GPU whose silicon runs it a few percent less busy than its peers for the same
-    work (a higher clock under the power cap) is busier once it is busier than that
-    by the floor, not only once it passes its peers.
+    name a fault).
 
     Under the board's power limit the driver trades clock for power, so a stream
     doing more work than its peers runs a lower clock without any fault. Unless
@@ -506,7 +498,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         idle = np.log(util[1] / util[0])
         # busier beyond what a window's phase makes: a GPU as busy as its peers
         # (+0.2 %) that does less work is a cold expert, not holding anyone back
-        busier = x > SLOWNESS_FLOOR + (0.0 if normal is None else np.fmin(normal, 0.0))
+        busier = x > SLOWNESS_FLOOR
         fault = np.zeros(x.shape, dtype=bool) if clock_fault is None else clock_fault
         # the clock the power cap takes for more work: at most the work excess (power
         # grows no faster than the work rate, the clock at least linearly in power)

@@ -46,5 +46,5 @@ def test_a_node_wide_power_brake_is_found_once() -> None:
 
 
 def test_an_eight_to_fifteen_percent_stall_in_a_tensor_parallel_group_within_4_min() -> None:
-    labels, found, delays, false = _score("tp_slow", TUNING_SEEDS[1], {"tick": "low"})
+    labels, found, delays, false = _score("tp_slow", TUNING_SEEDS[0], {"tick": "low"})
     assert found == labels == 1 and max(delays) <= 240 and not false
