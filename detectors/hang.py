@@ -121,9 +121,9 @@ def find_hang(view: WindowView, p: HangParams, memory: dict[str, Any]) -> list[F
     while run < len(hung) and hung[-run - 1]:
         run += 1
     since = view.bin_start(0, run)
-    sm = float(np.nanmedian(view.gpu("sm_active")[:, -need:])) \
-        if not np.isnan(view.gpu("sm_active")[:, -need:]).all() else float("nan")
-    util = float(np.nanmedian(view.gpu("gpu_util")[:, -need:]))
+    # the detectors' own median: NaN, not a warning, where no GPU read the counter
+    sm, util = (float(nanmedian(view.gpu(m)[:, -need:].ravel(), axis=0))
+                for m in ("sm_active", "gpu_util"))
     summary = (f"Job appears hung: all {len(view.gpus)} GPUs keep a kernel resident "
                f"(utilisation {fmt(util, 'ratio')}, SM activity {fmt(sm, 'ratio')}) with no "
                f"tensor or memory work and no NVLink or InfiniBand traffic for "
