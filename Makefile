@@ -65,7 +65,7 @@ fleet-soak: $(STAMP)
 	$(BIN)/python bench/fleet_soak.py $(FLEET_ARGS)
 
 demo: $(STAMP)
-	$(BIN)/python -m vigil.evaluation.demo
+	$(BIN)/python -m vigil_gpu_monitor.vigil.evaluation.demo
 
 up: $(STAMP)
 	$(BIN)/vigil up

@@ -18,10 +18,10 @@ import urllib.request
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from alerting.cost import cost_text, with_cost
-from contracts.config import Secret
-from contracts.errors import VigilError
-from contracts.messages import Detection
+from vigil_gpu_monitor.alerting.cost import cost_text, with_cost
+from vigil_gpu_monitor.contracts.config import Secret
+from vigil_gpu_monitor.contracts.errors import VigilError
+from vigil_gpu_monitor.contracts.messages import Detection
 
 
 class DeliveryError(VigilError):

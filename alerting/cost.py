@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from contracts.messages import Detection
+from vigil_gpu_monitor.contracts.messages import Detection
 
 
 def lost_per_hour(det: Detection) -> float | None:

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alerting.channels import Channel, DeliveryError
-from contracts.messages import Detection
+from vigil_gpu_monitor.alerting.channels import Channel, DeliveryError
+from vigil_gpu_monitor.contracts.messages import Detection
 
 log = logging.getLogger(__name__)
 

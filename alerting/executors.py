@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
-from contracts.config import Secret
-from contracts.errors import VigilError
-from contracts.messages import Action
-from contracts.names import node_problem
+from vigil_gpu_monitor.contracts.config import Secret
+from vigil_gpu_monitor.contracts.errors import VigilError
+from vigil_gpu_monitor.contracts.messages import Action
+from vigil_gpu_monitor.contracts.names import node_problem
 
 
 class ExecutorError(VigilError):

@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from contracts.messages import Detection
+from vigil_gpu_monitor.contracts.messages import Detection
 
 DAY = 86_400.0
 OUT_OF_SERVICE = "out_of_service"

@@ -16,12 +16,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from alerting.cost import goodput
-from alerting.goodput import goodput_metrics
-from alerting.repair import NOT_IN_SERVICE, REPAIR_BUCKETS, gpu_hours
+from vigil_gpu_monitor.alerting.cost import goodput
+from vigil_gpu_monitor.alerting.goodput import goodput_metrics
+from vigil_gpu_monitor.alerting.repair import NOT_IN_SERVICE, REPAIR_BUCKETS, gpu_hours
 
 if TYPE_CHECKING:
-    from alerting.service import Alerter
+    from vigil_gpu_monitor.alerting.service import Alerter
 
 
 class AlerterCollector(Collector):

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import redis
 
-from alerting.state import LiveState
-from contracts.messages import Detection
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts.messages import Detection
 
 log = logging.getLogger(__name__)
 REDIS_BACKLOG_MAX = 50_000  # detections held while Redis is down; then consumption pauses

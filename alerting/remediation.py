@@ -43,12 +43,12 @@ from collections.abc import Callable
 import redis
 from redis.exceptions import LockError
 
-from alerting.cost import lost_per_hour
-from alerting.executors import Executor, ExecutorError, Returner
-from alerting.repair import RepairLoop
-from contracts.config import AlerterConfig
-from contracts.messages import Action, Detection
-from contracts.names import is_node_name
+from vigil_gpu_monitor.alerting.cost import lost_per_hour
+from vigil_gpu_monitor.alerting.executors import Executor, ExecutorError, Returner
+from vigil_gpu_monitor.alerting.repair import RepairLoop
+from vigil_gpu_monitor.contracts.config import AlerterConfig
+from vigil_gpu_monitor.contracts.messages import Action, Detection
+from vigil_gpu_monitor.contracts.names import is_node_name
 
 log = logging.getLogger(__name__)
 WEEK = 7 * 86400.0

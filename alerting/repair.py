@@ -41,9 +41,9 @@ from typing import Any
 
 import redis
 
-from alerting.executors import CheckResult, ExecutorError, Returner
-from contracts.config import AlerterConfig
-from contracts.messages import Action, Detection
+from vigil_gpu_monitor.alerting.executors import CheckResult, ExecutorError, Returner
+from vigil_gpu_monitor.contracts.config import AlerterConfig
+from vigil_gpu_monitor.contracts.messages import Action, Detection
 
 log = logging.getLogger(__name__)
 IN_SERVICE, OUT, AWAITING, VERIFYING, HELD = (

@@ -23,10 +23,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from alerting.channels import labels
-from alerting.silences import SilenceStore
-from contracts.codec import SEVERITIES
-from contracts.messages import Detection
+from vigil_gpu_monitor.alerting.channels import labels
+from vigil_gpu_monitor.alerting.silences import SilenceStore
+from vigil_gpu_monitor.contracts.codec import SEVERITIES
+from vigil_gpu_monitor.contracts.messages import Detection
 
 SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 NEVER_PAGED = frozenset({"load_imbalance"})

@@ -28,7 +28,7 @@ from typing import Any
 import redis
 from kafka import KafkaConsumer, KafkaProducer
 
-from alerting.channels import (
+from vigil_gpu_monitor.alerting.channels import (
     AlertmanagerChannel,
     Channel,
     KafkaAlertsChannel,
@@ -36,23 +36,28 @@ from alerting.channels import (
     SlackChannel,
     WebhookChannel,
 )
-from alerting.cost import CostLedger, escalate_on_cost
-from alerting.delivery import ChannelWorker, DeliveryPolicy
-from alerting.executors import CommandExecutor, Executor, KubernetesExecutor, SlurmExecutor
-from alerting.goodput import GoodputLedger
-from alerting.metrics import serve_metrics
-from alerting.outage import RedisOutage
-from alerting.remediation import Remediator
-from alerting.router import Route, Router
-from alerting.silences import SilenceStore
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import decode_detection
-from contracts.config import Config
-from contracts.errors import ConfigError, ContractError
-from contracts.identity import verifier_from
-from contracts.messages import Action, Detection
-from contracts.status import decode_status
+from vigil_gpu_monitor.alerting.cost import CostLedger, escalate_on_cost
+from vigil_gpu_monitor.alerting.delivery import ChannelWorker, DeliveryPolicy
+from vigil_gpu_monitor.alerting.executors import (
+    CommandExecutor,
+    Executor,
+    KubernetesExecutor,
+    SlurmExecutor,
+)
+from vigil_gpu_monitor.alerting.goodput import GoodputLedger
+from vigil_gpu_monitor.alerting.metrics import serve_metrics
+from vigil_gpu_monitor.alerting.outage import RedisOutage
+from vigil_gpu_monitor.alerting.remediation import Remediator
+from vigil_gpu_monitor.alerting.router import Route, Router
+from vigil_gpu_monitor.alerting.silences import SilenceStore
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import ConfigError, ContractError
+from vigil_gpu_monitor.contracts.identity import verifier_from
+from vigil_gpu_monitor.contracts.messages import Action, Detection
+from vigil_gpu_monitor.contracts.status import decode_status
 
 log = logging.getLogger(__name__)
 STATUS_KEEP_SECONDS = 3600.0  # a job or worker silent this long leaves the live view

@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from contracts.messages import Detection
+from vigil_gpu_monitor.contracts.messages import Detection
 
 _APPLY = """
 local cur = redis.call('HGET', KEYS[1], 'detected_at')

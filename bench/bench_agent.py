@@ -20,8 +20,8 @@ import sys
 import time
 import uuid
 
-from contracts.config import load
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -49,7 +49,7 @@ def main() -> int:
                VIGIL_AGENT_FAKE_NVML_CALL_COST="0.00003",
                VIGIL_AGENT_FAKE_NVML_H100_COSTS="true" if args.h100_costs else "false")
     ensure_topics(load(env=env))
-    agent = subprocess.Popen([sys.executable, "-m", "vigil.cli", "agent", "--sources",
+    agent = subprocess.Popen([sys.executable, "-m", "vigil_gpu_monitor", "agent", "--sources",
                               "fake-nvml,host,infiniband"], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(8)  # start-up (imports, NVML init, first Kafka connection) is not steady state

@@ -21,7 +21,7 @@ import statistics
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
-from vigil.evaluation.costcheck import CostCase, CostResult, cases, run_case
+from vigil_gpu_monitor.vigil.evaluation.costcheck import CostCase, CostResult, cases, run_case
 
 ABSOLUTE_FLOOR = 0.005
 

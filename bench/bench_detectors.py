@@ -25,10 +25,10 @@ from collections.abc import Callable
 
 import orjson
 
-import detectors.engine
-from contracts.config import DetectConfig
-from detectors.engine import JobEngine
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+import vigil_gpu_monitor.detectors.engine
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import JobEngine
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 1_900_000_000.0
 
@@ -36,7 +36,7 @@ START = 1_900_000_000.0
 def without_stragglers() -> None:
     """From now on in this process, every engine's straggler test is skipped (it
     finds nothing). For what-if timings only."""
-    detectors.engine.find_stragglers = lambda view, params, memory: []  # type: ignore[assignment]
+    vigil_gpu_monitor.detectors.engine.find_stragglers = lambda view, params, memory: []  # type: ignore[assignment]
 
 
 def slow_gpu_job(gpus: int) -> Cluster:
@@ -78,7 +78,7 @@ def measure(gpus: int, seconds: float = 150.0) -> dict[str, float]:
 def memory(gpus: int, seconds: float = 150.0) -> dict[str, float]:
     """Bytes per GPU an engine holds after ``seconds`` of its job: live heap, and its
     checkpoint as JSON and as stored (``streams.state_codec``)."""
-    from streams.state_codec import encode_state
+    from vigil_gpu_monitor.streams.state_codec import encode_state
 
     nodes = max(1, gpus // 8)
     job = JobSpec("bench", [f"node-{i:05d}" for i in range(nodes)],

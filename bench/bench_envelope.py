@@ -22,10 +22,17 @@ from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from simulator.envelope import PARAMETERS
-from vigil.evaluation.envelope import CLASSES, HELD_OUT_SEEDS, TUNING_SEEDS
-from vigil.evaluation.scenarios import Scenario
-from vigil.evaluation.sensitivity import Row, markdown, rows, scenarios, score, summarise
+from vigil_gpu_monitor.simulator.envelope import PARAMETERS
+from vigil_gpu_monitor.vigil.evaluation.envelope import CLASSES, HELD_OUT_SEEDS, TUNING_SEEDS
+from vigil_gpu_monitor.vigil.evaluation.scenarios import Scenario
+from vigil_gpu_monitor.vigil.evaluation.sensitivity import (
+    Row,
+    markdown,
+    rows,
+    scenarios,
+    score,
+    summarise,
+)
 
 
 def _task(task: tuple[Row, Scenario]) -> tuple[Row, dict[str, Any]]:

@@ -15,8 +15,8 @@ import argparse
 import timeit
 from pathlib import Path
 
-from contracts.catalog import GPU_METRICS
-from producers.dcgm import CLOCK_EVENTS, DCGM_FIELDS, ENERGY, READ_FIELDS, parse
+from vigil_gpu_monitor.contracts.catalog import GPU_METRICS
+from vigil_gpu_monitor.producers.dcgm import CLOCK_EVENTS, DCGM_FIELDS, ENERGY, READ_FIELDS, parse
 
 REAL = Path(__file__).parents[1] / "tests" / "producers" / "fixtures" / "dcgm" / "real"
 DERIVED = {ENERGY: "power", CLOCK_EVENTS: "throttle"}

@@ -31,14 +31,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_worker import START, _cluster
 
-from contracts.codec import encode_sample
-from contracts.config import Config, IdentityConfig, Secret
-from contracts.identity import Signer, Verifier, node_key
-from contracts.messages import Sample
-from simulator.cluster import Simulator
-from streams.decode import decode_sample_fast
-from streams.metrics import WorkerMetrics
-from streams.processor import BatchProcessor
+from vigil_gpu_monitor.contracts.codec import encode_sample
+from vigil_gpu_monitor.contracts.config import Config, IdentityConfig, Secret
+from vigil_gpu_monitor.contracts.identity import Signer, Verifier, node_key
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.simulator.cluster import Simulator
+from vigil_gpu_monitor.streams.decode import decode_sample_fast
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.streams.processor import BatchProcessor
 
 MASTER = bytes(range(32))
 BATCH = 500

@@ -34,8 +34,8 @@ from bench_detectors import START, slow_gpu_job
 
 
 def _make(path: Path, gpus: int, seconds: float, every_metric: bool) -> int:
-    from detectors.engine import WINDOW_GPU
-    from simulator.cluster import Simulator
+    from vigil_gpu_monitor.detectors.engine import WINDOW_GPU
+    from vigil_gpu_monitor.simulator.cluster import Simulator
 
     samples = list(Simulator(slow_gpu_job(gpus), START, seed=1).samples(seconds))
     if every_metric:
@@ -48,8 +48,8 @@ def _make(path: Path, gpus: int, seconds: float, every_metric: bool) -> int:
 
 
 def _run(path: Path, stage: str) -> None:
-    from contracts.config import DetectConfig
-    from detectors.engine import JobEngine
+    from vigil_gpu_monitor.contracts.config import DetectConfig
+    from vigil_gpu_monitor.detectors.engine import JobEngine
 
     samples = pickle.loads(path.read_bytes())
     warm = JobEngine("warm-up", DetectConfig())  # one-off costs (lazy imports, caches)

@@ -17,10 +17,15 @@ from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from contracts.config import DetectConfig
-from vigil.evaluation.benchdetect import Tally, run_suite
-from vigil.evaluation.physics import CLASSES, HELD_OUT_SEEDS, TUNING_SEEDS, physics_suite
-from vigil.evaluation.scenarios import Scenario
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.vigil.evaluation.benchdetect import Tally, run_suite
+from vigil_gpu_monitor.vigil.evaluation.physics import (
+    CLASSES,
+    HELD_OUT_SEEDS,
+    TUNING_SEEDS,
+    physics_suite,
+)
+from vigil_gpu_monitor.vigil.evaluation.scenarios import Scenario
 
 
 def _score(scenario: Scenario) -> tuple[str, int, dict[str, Any]]:

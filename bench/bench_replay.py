@@ -34,13 +34,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_detectors import without_stragglers
 from bench_worker import START, _cluster
 
-from contracts.codec import encode_detection, encode_sample
-from contracts.config import DetectConfig
-from detectors.engine import JobEngine, ReplayRunner
-from simulator.cluster import Simulator
-from streams.decode import decode_sample_fast
-from vigil.commands import trace_samples
-from vigil.replay_jobs import replay_jobs
+from vigil_gpu_monitor.contracts.codec import encode_detection, encode_sample
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import JobEngine, ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Simulator
+from vigil_gpu_monitor.streams.decode import decode_sample_fast
+from vigil_gpu_monitor.vigil.commands import trace_samples
+from vigil_gpu_monitor.vigil.replay_jobs import replay_jobs
 
 
 def write_trace(path: Path, seconds: int) -> None:

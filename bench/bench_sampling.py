@@ -22,10 +22,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from contracts.catalog import CATALOG, Scope
-from contracts.codec import decode_trace
-from producers.sampler import NOISE_FLOOR, AdaptiveSampler, SamplingConfig
-from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.catalog import CATALOG, Scope
+from vigil_gpu_monitor.contracts.codec import decode_trace
+from vigil_gpu_monitor.producers.sampler import NOISE_FLOOR, AdaptiveSampler, SamplingConfig
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 
 START = 1_000_000.0
 _BY_NAME = {m.name: m for m in CATALOG}

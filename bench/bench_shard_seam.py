@@ -30,11 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from contracts.config import DetectConfig
-from contracts.messages import Sample
-from detectors.clocks import ClockOffsets
-from detectors.engine import JobEngine, NodeMoves
-from vigil.commands import trace_samples
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.detectors.clocks import ClockOffsets
+from vigil_gpu_monitor.detectors.engine import JobEngine, NodeMoves
+from vigil_gpu_monitor.vigil.commands import trace_samples
 
 # (job, bin, node) → the node's GPU and NIC rows of that sealed bin, as bytes
 Rows = dict[tuple[str, int, str], bytes]
@@ -103,8 +103,8 @@ def simulated(gpus: int, seconds: float) -> Path:
     """A trace of one job of ``gpus`` GPUs (8 a node) with faults from 30 s: a slow
     GPU, an XID, a thermal GPU, a node falling silent, a node whose clock is 30 s
     ahead; clocks skewed by up to ±1 s, 1 % of messages lost."""
-    from contracts.codec import encode_sample
-    from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+    from vigil_gpu_monitor.contracts.codec import encode_sample
+    from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
     path = Path(f".vigil/bench-seam/sim-{gpus}-{seconds:g}.jsonl")
     if path.exists():

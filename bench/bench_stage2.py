@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_detectors import START
 
-from contracts.config import DetectConfig
-from detectors.engine import WINDOW_GPU, WINDOW_NIC, JobEngine
-from detectors.window import Entity, SealedSection
-from simulator.cluster import Cluster, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import WINDOW_GPU, WINDOW_NIC, JobEngine
+from vigil_gpu_monitor.detectors.window import Entity, SealedSection
+from vigil_gpu_monitor.simulator.cluster import Cluster, JobSpec, Simulator
 
 NOISY = {"sm_active", "tensor_active", "dram_active", "gpu_util", "mma_cycles_active",
          "nvlink_tx", "nvlink_total", "ib_tx", "ib_rx", "ib_xmit_wait"}

@@ -17,7 +17,7 @@ import argparse
 import statistics
 import time
 
-from vigil.evaluation.stepcheck import CASES, check
+from vigil_gpu_monitor.vigil.evaluation.stepcheck import CASES, check
 
 
 def main() -> int:

@@ -34,17 +34,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_agent import _peak_rss_mb
 from bench_worker import START, _cluster, _metric
 
-from contracts import topics
-from contracts.config import load
-from producers.publisher import KafkaPublisher
-from simulator.cluster import Simulator
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.producers.publisher import KafkaPublisher
+from vigil_gpu_monitor.simulator.cluster import Simulator
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 READY = b"[^Worker]: Ready"
 
 
 def _spawn(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "vigil_gpu_monitor", "worker"], env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 

@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from contracts.messages import StepBatch
-from producers.steps import WitnessReceiver
-from vigil.witness import Witness
+from vigil_gpu_monitor.contracts.messages import StepBatch
+from vigil_gpu_monitor.producers.steps import WitnessReceiver
+from vigil_gpu_monitor.vigil.witness import Witness
 
 
 class _Discard:

@@ -44,12 +44,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts import topics
-from contracts.codec import decode_detection
-from contracts.config import load
-from producers.publisher import KafkaPublisher
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil.ops.kafka_admin import delete_topics_starting, ensure_topics
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.producers.publisher import KafkaPublisher
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.ops.kafka_admin import delete_topics_starting, ensure_topics
 
 START = 1_860_000_000.0
 # the straggler test first learns each GPU's normal (detectors/peer_streams.py): the
@@ -61,9 +61,9 @@ MIXED_SIZES = (2, 16, 4, 12, 6, 8, 3, 10, 14, 5, 8, 8)
 
 # a worker whose engines seal bins and run no detector (``--stage1``)
 _STAGE1 = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-           "import bench_shard_seam, detectors.engine as e; "
+           "import bench_shard_seam, vigil_gpu_monitor.detectors.engine as e; "
            "e.JobEngine.advance = lambda self: bench_shard_seam.seal_only(self) and []; "
-           "from vigil.cli import main; raise SystemExit(main(['worker']))")
+           "from vigil_gpu_monitor.vigil.cli import main; raise SystemExit(main(['worker']))")
 
 
 def _publishing(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,7 +208,7 @@ def main() -> int:
     profiler = [] if not args.profile else [
         str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
         "--rate", "200", "--nonblocking", "-o"]
-    command = ["-m", "vigil.cli", "worker"] if not args.stage1 else ["-c", _STAGE1]
+    command = ["-m", "vigil_gpu_monitor", "worker"] if not args.stage1 else ["-c", _STAGE1]
     workers = [subprocess.Popen([*profiler, *([f"{args.profile}/worker-{port}.txt", "--"]
                                               if profiler else []),
                                  sys.executable, *command],
@@ -297,7 +297,7 @@ def _faust_floor(env: dict[str, str], topic: str, total: int, fetch_bytes: int,
 def _live(cfg: Any, env: dict[str, str], topic: str, port: int,
           args: argparse.Namespace) -> int:
     """Publish ``args.live`` node-samples/s in real time; report detection latency."""
-    worker = subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker"],
+    worker = subprocess.Popen([sys.executable, "-m", "vigil_gpu_monitor", "worker"],
                               env=dict(env, VIGIL_WORKER_WEB_PORT=str(port)),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     nodes = max(8, int(args.live))  # one sample per node per second

@@ -26,18 +26,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_worker import START, _cluster
 
-from contracts import topics
-from contracts.codec import encode_sample
-from contracts.config import load
-from simulator.cluster import Simulator
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import encode_sample
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.simulator.cluster import Simulator
 
 NODES, SECONDS, BATCH = 256, 150, 500
 
 
 def compute() -> None:
     """Decode, validate, window and detect without Kafka."""
-    from detectors.engine import JobEngine
-    from streams.decode import decode_sample_fast
+    from vigil_gpu_monitor.detectors.engine import JobEngine
+    from vigil_gpu_monitor.streams.decode import decode_sample_fast
 
     cfg = load()
     raw = [encode_sample(s) for s in Simulator(_cluster(NODES), START, seed=1).samples(SECONDS)]
@@ -69,9 +69,9 @@ def faust_floor(bypass: bool = False, topic: str = "", total: int = 0,
     """
     import faust
 
-    from producers.publisher import KafkaPublisher
-    from streams.app import PerBatchMonitor
-    from vigil.ops.kafka_admin import ensure_topics
+    from vigil_gpu_monitor.producers.publisher import KafkaPublisher
+    from vigil_gpu_monitor.streams.app import PerBatchMonitor
+    from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
     tag = uuid.uuid4().hex[:6]
     cfg = load(env=dict(os.environ, VIGIL_KAFKA_TOPIC_PREFIX=f"floor{tag}."))

@@ -20,9 +20,9 @@ import argparse
 import statistics
 from typing import Any
 
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 1_870_000_000.0
 ONSET = 200.0

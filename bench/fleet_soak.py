@@ -23,10 +23,10 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from simulator.cluster import Simulator
-from vigil.evaluation.fleet import fleet_job, kind_of, poisson_upper
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Simulator
+from vigil_gpu_monitor.vigil.evaluation.fleet import fleet_job, kind_of, poisson_upper
 
 START = 1_950_000_000.0
 

@@ -54,7 +54,7 @@ nvidia-smi dmon -s pucmt -o DT > "$OUTDIR/dmon.txt" 2>&1 & DMON=$!
 $PY bench/gpu_train.py --device "$DEVICE" $TRAIN_ARGS --seconds 3600 > "$OUTDIR/train.log" 2>&1 & TRAIN=$!
 VIGIL_AGENT_ADAPTIVE=false VIGIL_AGENT_ATTRIBUTION=static VIGIL_AGENT_JOB=real-gpu \
   VIGIL_AGENT_METRICS_PORT=0 VIGIL_AGENT_NODE="$(hostname)" \
-  $PY -m vigil.cli agent --sources "$SOURCES" --out "$OUTDIR/trace.jsonl" \
+  $PY -m vigil_gpu_monitor agent --sources "$SOURCES" --out "$OUTDIR/trace.jsonl" \
   > "$OUTDIR/agent.log" 2>&1 & AGENT=$!
 log "started: train $TRAIN, agent $AGENT"
 read -r PMIN PDEF < <(nvidia-smi -i 0 --query-gpu=power.min_limit,power.default_limit \
@@ -144,7 +144,7 @@ log "agent: $(awk -v c="$((C1 - C0))" -v hz="$HZ" -v t0="$T0" -v t1="$T1" \
   echo; echo "## Adaptive sampling on the real trace"; echo; echo '```'
   $PY bench/bench_sampling.py --trace "$OUTDIR/trace.jsonl"
   echo '```'; echo; echo "## Detectors replaying the trace"; echo; echo '```'
-  $PY -m vigil.cli replay "$OUTDIR/trace.jsonl" --out "$OUTDIR/detections.jsonl"
+  $PY -m vigil_gpu_monitor replay "$OUTDIR/trace.jsonl" --out "$OUTDIR/detections.jsonl"
   $PY - "$OUTDIR/detections.jsonl" <<'PYEOF'
 import collections, json, sys
 found = collections.Counter()

@@ -31,8 +31,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from contracts.codec import decode_trace
-from producers.nvml import NvmlSource
+from vigil_gpu_monitor.contracts.codec import decode_trace
+from vigil_gpu_monitor.producers.nvml import NvmlSource
 
 # agent metric → (nvidia-smi --query-gpu field, factor to the agent's unit)
 SMI_FIELDS: dict[str, tuple[str, float]] = {

@@ -23,11 +23,11 @@ import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
-from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
-from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
-from contracts.errors import ContractError
-from contracts.messages import Detection, Sample
-from contracts.names import job_problem, node_problem
+from vigil_gpu_monitor.contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA
+from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.messages import Detection, Sample
+from vigil_gpu_monitor.contracts.names import job_problem, node_problem
 
 MAX_MESSAGE_BYTES = 512 << 10  # under the broker's 1 MB default: oversize reaches us
 MAX_ID_CHARS = 256

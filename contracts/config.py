@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from contracts.codec import MAX_MESSAGE_BYTES
-from contracts.errors import ConfigError
-from contracts.identity import Signer, parse_keys
-from contracts.limits import check as check_ranges
-from contracts.limits import hide_password
+from vigil_gpu_monitor.contracts.codec import MAX_MESSAGE_BYTES
+from vigil_gpu_monitor.contracts.errors import ConfigError
+from vigil_gpu_monitor.contracts.identity import Signer, parse_keys
+from vigil_gpu_monitor.contracts.limits import check as check_ranges
+from vigil_gpu_monitor.contracts.limits import hide_password
 
 
 class Secret:
@@ -305,7 +305,7 @@ class IdentityConfig:
     # the worker's: the fleet master key(s), "k2=hex,k1=hex" while rotating
     master_keys: Secret | None = None
     # the agent's: its own node key ("k1=hex"), issued with
-    # `python -m contracts.identity issue NODE`; empty = the agent does not sign
+    # `python -m vigil_gpu_monitor.contracts.identity issue NODE`; empty = the agent does not sign
     node_key: Secret | None = None
     # or a file holding it (mode 0600, readable by the agent's user only), written at
     # provisioning: deploy/systemd and deploy/kubernetes use /etc/vigil/node.key

@@ -35,8 +35,8 @@ import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
-from contracts.errors import ConfigError, ContractError
-from contracts.names import node_problem
+from vigil_gpu_monitor.contracts.errors import ConfigError, ContractError
+from vigil_gpu_monitor.contracts.names import node_problem
 
 KEY_ID_HEADER = "vigil-key-id"
 SIG_HEADER = "vigil-sig"
@@ -148,9 +148,10 @@ def verifier_from(verify: bool, master_keys: str) -> Verifier | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m contracts.identity new-master [kid]`` prints a new master-key entry;
-    ``python -m contracts.identity issue NODE`` prints NODE's ``identity.node_key``
-    from ``VIGIL_IDENTITY_MASTER_KEYS`` (the first key, or ``--kid KID``)."""
+    """``python -m vigil_gpu_monitor.contracts.identity new-master [kid]`` prints a new
+    master-key entry; ``python -m vigil_gpu_monitor.contracts.identity issue NODE`` prints
+    NODE's ``identity.node_key`` from ``VIGIL_IDENTITY_MASTER_KEYS`` (the first key, or
+    ``--kid KID``)."""
     import os
 
     args = sys.argv[1:] if argv is None else argv

@@ -16,7 +16,7 @@ import math
 from typing import Any
 from urllib.parse import urlsplit
 
-from contracts.errors import ConfigError
+from vigil_gpu_monitor.contracts.errors import ConfigError
 
 POSITIVE = frozenset({
     "kafka.samples_partitions", "kafka.detections_partitions", "kafka.samples_retention_hours",

@@ -1,6 +1,6 @@
 """Build the JSON Schema documents of the contract from the catalog.
 
-``python -m contracts.schema_gen`` rewrites ``contracts/schemas/``; a test fails
+``python -m vigil_gpu_monitor.contracts.schema_gen`` rewrites ``contracts/schemas/``; a test fails
 when the committed files differ from what the catalog produces.
 """
 
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA, STEP_SCHEMA
-from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
-from contracts.codec import (
+from vigil_gpu_monitor.contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA, STEP_SCHEMA
+from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
+from vigil_gpu_monitor.contracts.codec import (
     COST_BASES,
     DETECTION_KINDS,
     DETECTION_STATES,
@@ -22,8 +22,18 @@ from contracts.codec import (
     MAX_NICS,
     SEVERITIES,
 )
-from contracts.names import JOB_SCHEMA_PATTERN, MAX_NODE_CHARS, NODE_SCHEMA_PATTERN
-from contracts.steps import COMPUTE_SLACK, MAX_RANK, MAX_RANKS, MAX_STEPS, MAX_WALL_SECONDS
+from vigil_gpu_monitor.contracts.names import (
+    JOB_SCHEMA_PATTERN,
+    MAX_NODE_CHARS,
+    NODE_SCHEMA_PATTERN,
+)
+from vigil_gpu_monitor.contracts.steps import (
+    COMPUTE_SLACK,
+    MAX_RANK,
+    MAX_RANKS,
+    MAX_STEPS,
+    MAX_WALL_SECONDS,
+)
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from contracts.codec import MAX_ID_CHARS, parse_json
-from contracts.errors import ContractError
-from contracts.messages import JobStatus, WorkerStatus
+from vigil_gpu_monitor.contracts.codec import MAX_ID_CHARS, parse_json
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.messages import JobStatus, WorkerStatus
 
 STATUS_SCHEMA = "vigil.status/1"
 HEAT_METRICS = ("sm_active", "tensor_active", "dram_active")

@@ -15,8 +15,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, NamedTuple, cast
 
-from contracts import STEP_SCHEMA
-from contracts.codec import (
+from vigil_gpu_monitor.contracts import STEP_SCHEMA
+from vigil_gpu_monitor.contracts.codec import (
     MAX_GPUS,
     _check_fields,
     _check_schema,
@@ -26,9 +26,9 @@ from contracts.codec import (
     _string,
     parse_json,
 )
-from contracts.errors import ContractError
-from contracts.messages import StepBatch
-from contracts.names import job_problem, node_problem
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.messages import StepBatch
+from vigil_gpu_monitor.contracts.names import job_problem, node_problem
 
 MAX_RANKS = MAX_GPUS  # one node's ranks (one a GPU)
 MAX_STEPS = 1024  # steps of one rank in one message

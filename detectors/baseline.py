@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.messages import Sample
-from detectors.health import SLOWDOWN_BITS
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.detectors.health import SLOWDOWN_BITS
 
 FOR_SECONDS = 60.0
 

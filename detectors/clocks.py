@@ -38,7 +38,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from contracts.messages import Sample
+from vigil_gpu_monitor.contracts.messages import Sample
 
 MIN_CORRECTION = 2.5  # seconds from the median offset: smaller ones are not corrected
 ESTABLISHED_SAMPLES = 3

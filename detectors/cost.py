@@ -68,9 +68,9 @@ from typing import Any
 
 import numpy as np
 
-from detectors.findings import Finding
-from detectors.robust import Array, nanmedian
-from detectors.window import WindowView
+from vigil_gpu_monitor.detectors.findings import Finding
+from vigil_gpu_monitor.detectors.robust import Array, nanmedian
+from vigil_gpu_monitor.detectors.window import WindowView
 
 GPU_READS = ("tensor_active", "sm_active")  # duty-cycle counters, best first
 NIC_READS: tuple[str, ...] = ()

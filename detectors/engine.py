@@ -14,24 +14,38 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from contracts.codec import DETECTION_KINDS
-from contracts.config import DetectConfig
-from contracts.messages import Detection, Sample, StepBatch
-from detectors import cost, hang, links, network, slowdown, step_merge, straggler, synchrony
-from detectors.clocks import ClockOffsets
-from detectors.findings import Finding
-from detectors.grouping import group_by_node
-from detectors.hang import HangParams, find_hang
-from detectors.health import HealthMonitor, HealthParams
-from detectors.held import HeldReadings
-from detectors.incidents import IncidentTracker
-from detectors.links import LinkParams, find_link_faults
-from detectors.network import NetworkParams, find_network_bound
-from detectors.sequential import Cusum
-from detectors.step_window import StepWindow
-from detectors.steps import StepDetector
-from detectors.straggler import StragglerParams, find_stragglers
-from detectors.window import ALL_GPU_METRICS, ALL_NIC_METRICS, JobWindow, WindowView
+from vigil_gpu_monitor.contracts.codec import DETECTION_KINDS
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.messages import Detection, Sample, StepBatch
+from vigil_gpu_monitor.detectors import (
+    cost,
+    hang,
+    links,
+    network,
+    slowdown,
+    step_merge,
+    straggler,
+    synchrony,
+)
+from vigil_gpu_monitor.detectors.clocks import ClockOffsets
+from vigil_gpu_monitor.detectors.findings import Finding
+from vigil_gpu_monitor.detectors.grouping import group_by_node
+from vigil_gpu_monitor.detectors.hang import HangParams, find_hang
+from vigil_gpu_monitor.detectors.health import HealthMonitor, HealthParams
+from vigil_gpu_monitor.detectors.held import HeldReadings
+from vigil_gpu_monitor.detectors.incidents import IncidentTracker
+from vigil_gpu_monitor.detectors.links import LinkParams, find_link_faults
+from vigil_gpu_monitor.detectors.network import NetworkParams, find_network_bound
+from vigil_gpu_monitor.detectors.sequential import Cusum
+from vigil_gpu_monitor.detectors.step_window import StepWindow
+from vigil_gpu_monitor.detectors.steps import StepDetector
+from vigil_gpu_monitor.detectors.straggler import StragglerParams, find_stragglers
+from vigil_gpu_monitor.detectors.window import (
+    ALL_GPU_METRICS,
+    ALL_NIC_METRICS,
+    JobWindow,
+    WindowView,
+)
 
 # Only what some window detector reads is windowed (in catalog order).
 _DETECTORS = (cost, hang, links, network, slowdown, straggler, synchrony)

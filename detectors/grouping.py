@@ -26,7 +26,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
-from detectors.findings import Finding
+from vigil_gpu_monitor.detectors.findings import Finding
 
 THROTTLE = ("throttle",)
 REASONS = {0x8: "HW slowdown", 0x20: "SW thermal", 0x40: "HW thermal", 0x80: "HW power brake"}

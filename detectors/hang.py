@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from detectors.findings import Finding, fmt
-from detectors.robust import nanmedian
-from detectors.window import WindowView
+from vigil_gpu_monitor.detectors.findings import Finding, fmt
+from vigil_gpu_monitor.detectors.robust import nanmedian
+from vigil_gpu_monitor.detectors.window import WindowView
 
 SPIN_UTIL = 0.5  # a kernel is resident most of the time
 MAX_SPIN_SM = 0.6  # NCCL's most channels (64) hold 0.48 of an H100's SMs, 0.59 of an A100's

@@ -28,8 +28,8 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.messages import Sample
-from detectors.findings import Finding
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.detectors.findings import Finding
 
 # XID → (action, severity, meaning). From NVIDIA's XID catalogue; unknown codes
 # are "investigate".

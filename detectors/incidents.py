@@ -15,10 +15,10 @@ import math
 import statistics
 from typing import Any
 
-from contracts import DETECTION_SCHEMA
-from contracts.messages import Detection
-from detectors.cost import cost_fields
-from detectors.findings import Finding
+from vigil_gpu_monitor.contracts import DETECTION_SCHEMA
+from vigil_gpu_monitor.contracts.messages import Detection
+from vigil_gpu_monitor.detectors.cost import cost_fields
+from vigil_gpu_monitor.detectors.findings import Finding
 
 log = logging.getLogger(__name__)
 

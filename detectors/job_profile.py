@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from detectors.robust import Array, robust_z
+from vigil_gpu_monitor.detectors.robust import Array, robust_z
 
 TENSOR_PEAK_QUANTILE = 0.99
 STANDS_OUT_Z = 3.5

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from detectors.findings import Finding, fmt
-from detectors.robust import Array, nanmedian, persistent, robust_z, robust_z_axis
-from detectors.window import WindowView
+from vigil_gpu_monitor.detectors.findings import Finding, fmt
+from vigil_gpu_monitor.detectors.robust import Array, nanmedian, persistent, robust_z, robust_z_axis
+from vigil_gpu_monitor.detectors.window import WindowView
 
 LOADED_SM_ACTIVE = 0.2
 PCIE_LOOK_BINS = 12  # a PCIe link low under load for this long (a minute) ...

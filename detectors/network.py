@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.findings import Finding, fmt
-from detectors.robust import nanmedian
-from detectors.window import WindowView
+from vigil_gpu_monitor.detectors.findings import Finding, fmt
+from vigil_gpu_monitor.detectors.robust import nanmedian
+from vigil_gpu_monitor.detectors.window import WindowView
 
 BITS_PER_BYTE = 8.0
 GPU_READS = ("sm_active", "tensor_active")

@@ -39,8 +39,8 @@ from typing import TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from detectors.robust import MAD_TO_SIGMA, Array, clamp, nanmedian, zero_nan
-from detectors.sequential import Cusum, cusum_step
+from vigil_gpu_monitor.detectors.robust import MAD_TO_SIGMA, Array, clamp, nanmedian, zero_nan
+from vigil_gpu_monitor.detectors.sequential import Cusum, cusum_step
 
 OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a stream's own offset adapts
 OFFSET_WARMUP_UPDATES = 24  # plain running mean until a stream has this many updates

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.robust import Array
+from vigil_gpu_monitor.detectors.robust import Array
 
 
 @dataclass(frozen=True)

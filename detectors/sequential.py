@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.robust import Array, clamp
+from vigil_gpu_monitor.detectors.robust import Array, clamp
 
 SIEGMUND_OFFSET = 1.166  # Siegmund's correction for the overshoot past the threshold
 SECONDS_PER_DAY = 86_400.0

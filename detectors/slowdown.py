@@ -54,10 +54,10 @@ from typing import Any
 
 import numpy as np
 
-from detectors.cost import PHASE_FLOOR, cost_fields, duty_metric
-from detectors.findings import Finding, fmt
-from detectors.robust import nanmedian
-from detectors.window import WindowView
+from vigil_gpu_monitor.detectors.cost import PHASE_FLOOR, cost_fields, duty_metric
+from vigil_gpu_monitor.detectors.findings import Finding, fmt
+from vigil_gpu_monitor.detectors.robust import nanmedian
+from vigil_gpu_monitor.detectors.window import WindowView
 
 GPU_READS = ("tensor_active", "sm_active", "gpu_util", "nvlink_tx")
 NIC_READS: tuple[str, ...] = ()

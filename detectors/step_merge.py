@@ -26,8 +26,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from detectors.cost import cost_fields, is_costed
-from detectors.findings import Finding
+from vigil_gpu_monitor.detectors.cost import cost_fields, is_costed
+from vigil_gpu_monitor.detectors.findings import Finding
 
 EXPLAINING = frozenset({"straggler", "link_health", "network_bound", "hang", "load_imbalance",
                         "node_silent", "gpu_health"})

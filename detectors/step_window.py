@@ -14,7 +14,7 @@ import math
 import statistics
 from typing import Any
 
-from contracts.messages import StepBatch
+from vigil_gpu_monitor.contracts.messages import StepBatch
 
 MAX_STEPS_PER_BIN = 256  # a rank's steps kept per bin (20 ms steps in a 5 s bin)
 MAX_RANKS = 1 << 17  # ranks one job's window keeps (a 131,072-GPU job)

@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from detectors.cost import cost_fields
-from detectors.findings import Finding
-from detectors.robust import MAD_TO_SIGMA, Array, nanmedian
-from detectors.sequential import Cusum
-from detectors.step_window import StepWindow
+from vigil_gpu_monitor.detectors.cost import cost_fields
+from vigil_gpu_monitor.detectors.findings import Finding
+from vigil_gpu_monitor.detectors.robust import MAD_TO_SIGMA, Array, nanmedian
+from vigil_gpu_monitor.detectors.sequential import Cusum
+from vigil_gpu_monitor.detectors.step_window import StepWindow
 
 MIN_EXCESS = 0.05  # a rank this much slower than its stage's median is a straggler
 REL_FLOOR = 0.02  # the peers' spread is never taken below this share of their median

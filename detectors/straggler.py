@@ -133,9 +133,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from detectors.cost import cost_fields, excess_slowdown
-from detectors.findings import Finding, fmt
-from detectors.peer_streams import (
+from vigil_gpu_monitor.detectors.cost import cost_fields, excess_slowdown
+from vigil_gpu_monitor.detectors.findings import Finding, fmt
+from vigil_gpu_monitor.detectors.peer_streams import (
     Comparison,
     Departure,
     MetricSpec,
@@ -143,9 +143,9 @@ from detectors.peer_streams import (
     StreamTable,
     advance,
 )
-from detectors.robust import Array, nanmedian
-from detectors.sequential import Cusum
-from detectors.window import WindowView
+from vigil_gpu_monitor.detectors.robust import Array, nanmedian
+from vigil_gpu_monitor.detectors.sequential import Cusum
+from vigil_gpu_monitor.detectors.window import WindowView
 
 BUSY = "sm_active"
 # Work-rate sources, best first: (activity counter, the clock it is a share of; None:

@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.robust import nanmedian
-from detectors.window import WindowView
+from vigil_gpu_monitor.detectors.robust import nanmedian
+from vigil_gpu_monitor.detectors.window import WindowView
 
 GPU_LINK = 1e9  # bytes/s over NVLink: a collective, not housekeeping
 NODE_LINK = 1e8  # bytes/s over InfiniBand from a node

@@ -19,10 +19,10 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from contracts.catalog import GPU_METRICS, NIC_METRICS
-from contracts.messages import Sample
-from detectors.held import HeldReadings
-from detectors.robust import Array
+from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, NIC_METRICS
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.detectors.held import HeldReadings
+from vigil_gpu_monitor.detectors.robust import Array
 
 # Codes and bitmasks have no meaningful mean: the health detector reads them per sample.
 PER_SAMPLE_ONLY = {"xid", "throttle"}

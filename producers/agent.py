@@ -28,11 +28,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
-from contracts import SAMPLE_SCHEMA
-from contracts.codec import drop_bad_readings
-from contracts.messages import Sample
-from producers.reading import Reading, Source
-from producers.sampler import AdaptiveSampler
+from vigil_gpu_monitor.contracts import SAMPLE_SCHEMA
+from vigil_gpu_monitor.contracts.codec import drop_bad_readings
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.producers.reading import Reading, Source
+from vigil_gpu_monitor.producers.sampler import AdaptiveSampler
 
 log = logging.getLogger(__name__)
 AGENT_VERSION = "vigil-agent/0.1"

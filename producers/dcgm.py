@@ -61,9 +61,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.catalog import CATALOG, Kind, Scope
-from producers.reading import Reading
-from producers.xid import PendingXids
+from vigil_gpu_monitor.contracts.catalog import CATALOG, Kind, Scope
+from vigil_gpu_monitor.producers.reading import Reading
+from vigil_gpu_monitor.producers.xid import PendingXids
 
 log = logging.getLogger(__name__)
 

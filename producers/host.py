@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from producers.reading import Reading
+from vigil_gpu_monitor.producers.reading import Reading
 
 
 class HostSource:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from producers.reading import Reading
+from vigil_gpu_monitor.producers.reading import Reading
 
 WORD_BYTES = 4
 ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "link_downed")

@@ -31,8 +31,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import IO
 
-from contracts import STEP_SCHEMA
-from contracts.messages import StepBatch, StepTiming
+from vigil_gpu_monitor.contracts import STEP_SCHEMA
+from vigil_gpu_monitor.contracts.messages import StepBatch, StepTiming
 
 MAX_LINE = 64 << 10
 

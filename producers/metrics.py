@@ -8,7 +8,7 @@ import collections
 from collections.abc import Iterator
 from typing import Any
 
-from producers.agent import Agent
+from vigil_gpu_monitor.producers.agent import Agent
 
 
 def _quantile(publisher: Any, q: float) -> float:

@@ -45,8 +45,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from producers.reading import Reading
-from producers.xid import PendingXids
+from vigil_gpu_monitor.producers.reading import Reading
+from vigil_gpu_monitor.producers.xid import PendingXids
 
 log = logging.getLogger(__name__)
 KIB = 1024.0

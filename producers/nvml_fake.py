@@ -316,7 +316,7 @@ class FakeNvml:
 @functools.cache
 def _gpm_by_id() -> dict[int, tuple[str, float]]:
     """GPM metric id → (catalog metric, scale), as the NVML source reads them."""
-    from producers.nvml import GPM_METRICS
+    from vigil_gpu_monitor.producers.nvml import GPM_METRICS
 
     return {getattr(pynvml, name): (metric, scale) for name, (metric, scale)
             in GPM_METRICS.items() if hasattr(pynvml, name)}

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from contracts.codec import MAX_ID_CHARS
+from vigil_gpu_monitor.contracts.codec import MAX_ID_CHARS
 
 log = logging.getLogger(__name__)
 

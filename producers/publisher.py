@@ -32,10 +32,10 @@ from typing import Any
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from contracts.codec import encode_sample
-from contracts.identity import Signer
-from contracts.messages import Sample
-from producers.spool import DiskSpool
+from vigil_gpu_monitor.contracts.codec import encode_sample
+from vigil_gpu_monitor.contracts.identity import Signer
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.producers.spool import DiskSpool
 
 log = logging.getLogger(__name__)
 

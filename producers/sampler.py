@@ -32,8 +32,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from contracts.catalog import CATALOG, Kind, Metric, Scope
-from contracts.messages import Sample
+from vigil_gpu_monitor.contracts.catalog import CATALOG, Kind, Metric, Scope
+from vigil_gpu_monitor.contracts.messages import Sample
 
 # A GPU's activity counters, clocks and cycle rates describe one window together: a
 # detector divides one by another (work per busy second, DESIGN.md principle 12), which

@@ -23,11 +23,17 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from contracts import STEP_SCHEMA
-from contracts.errors import ContractError
-from contracts.messages import RankSteps, StepBatch, StepTiming
-from contracts.steps import MAX_RANKS, MAX_STEPS, drop_bad_steps, encode_steps, validate_step_batch
-from producers.publisher import BufferedPublisher
+from vigil_gpu_monitor.contracts import STEP_SCHEMA
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.messages import RankSteps, StepBatch, StepTiming
+from vigil_gpu_monitor.contracts.steps import (
+    MAX_RANKS,
+    MAX_STEPS,
+    drop_bad_steps,
+    encode_steps,
+    validate_step_batch,
+)
+from vigil_gpu_monitor.producers.publisher import BufferedPublisher
 
 log = logging.getLogger(__name__)
 MAX_DATAGRAM = 64 << 10

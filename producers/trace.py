@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from contracts.codec import decode_trace
-from contracts.errors import ContractError
-from producers.reading import Reading
+from vigil_gpu_monitor.contracts.codec import decode_trace
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.producers.reading import Reading
 
 
 class TraceSource:

@@ -36,10 +36,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from contracts import SAMPLE_SCHEMA
-from contracts.messages import Sample
-from simulator.envelope import Envelope, capped_clock
-from simulator.physics import (
+from vigil_gpu_monitor.contracts import SAMPLE_SCHEMA
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.simulator.envelope import Envelope, capped_clock
+from vigil_gpu_monitor.simulator.physics import (
     COMMUNICATING_WATTS,
     IDLE_WATTS,
     NOMINAL_MEM_CLOCK,
@@ -52,7 +52,7 @@ from simulator.physics import (
     counters,
     phase_shares,
 )
-from simulator.steps import StepTimings, rank_stall
+from vigil_gpu_monitor.simulator.steps import StepTimings, rank_stall
 
 GPUS_PER_NODE = 8
 GIB = float(1 << 30)

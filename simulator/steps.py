@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from contracts import STEP_SCHEMA
-from contracts.messages import RankSteps, StepBatch, StepTiming
-from simulator.physics import GpuPhases
+from vigil_gpu_monitor.contracts import STEP_SCHEMA
+from vigil_gpu_monitor.contracts.messages import RankSteps, StepBatch, StepTiming
+from vigil_gpu_monitor.simulator.physics import GpuPhases
 
 if TYPE_CHECKING:
-    from simulator.cluster import Fault, JobSpec
+    from vigil_gpu_monitor.simulator.cluster import Fault, JobSpec
 
 PAUSES = ("checkpoint", "eval")  # whole-job phases in which no training step ends
 

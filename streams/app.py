@@ -38,12 +38,12 @@ from typing import Any
 
 import faust
 
-from contracts import topics
-from contracts.config import Config
-from contracts.status import encode_status, feed_key
-from streams.continuity import Continuity
-from streams.metrics import WorkerMetrics
-from streams.processor import BatchProcessor
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.status import encode_status, feed_key
+from vigil_gpu_monitor.streams.continuity import Continuity
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.streams.processor import BatchProcessor
 
 log = logging.getLogger(__name__)
 QUIET_CHECKPOINT_SECONDS = 2.0  # a job with no batch this long is checkpointed

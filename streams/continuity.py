@@ -31,8 +31,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from faust.types import TP
 
-from streams.metrics import WorkerMetrics
-from streams.offsets import OffsetGuard, Verdict
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.streams.offsets import OffsetGuard, Verdict
 
 log = logging.getLogger(__name__)
 

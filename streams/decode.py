@@ -26,9 +26,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from contracts import SAMPLE_SCHEMA
-from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
-from contracts.codec import (
+from vigil_gpu_monitor.contracts import SAMPLE_SCHEMA
+from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
+from vigil_gpu_monitor.contracts.codec import (
     MAX_GPUS,
     MAX_ID_CHARS,
     MAX_MESSAGE_BYTES,
@@ -37,8 +37,8 @@ from contracts.codec import (
     decode_sample,
     metric_ceilings,
 )
-from contracts.messages import Sample
-from contracts.names import JOB_PATTERN, NODE_PATTERN
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.contracts.names import JOB_PATTERN, NODE_PATTERN
 
 
 def _readings(name: str, catalog: dict[str, Metric]) -> type:

@@ -23,17 +23,17 @@ from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from contracts.codec import DroppedReading, encode_detection
-from contracts.config import Config
-from contracts.errors import ContractError
-from contracts.identity import verifier_from
-from contracts.messages import Detection, JobStatus, Sample, WorkerStatus
-from contracts.status import HEAT_METRICS, job_status, worker_status
-from detectors.engine import JobEngine, NodeMoves
-from streams.deadletter import deadletter_record
-from streams.decode import decode_sample_fast
-from streams.metrics import WorkerMetrics
-from streams.state_codec import decode_state, encode_state
+from vigil_gpu_monitor.contracts.codec import DroppedReading, encode_detection
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.identity import verifier_from
+from vigil_gpu_monitor.contracts.messages import Detection, JobStatus, Sample, WorkerStatus
+from vigil_gpu_monitor.contracts.status import HEAT_METRICS, job_status, worker_status
+from vigil_gpu_monitor.detectors.engine import JobEngine, NodeMoves
+from vigil_gpu_monitor.streams.deadletter import deadletter_record
+from vigil_gpu_monitor.streams.decode import decode_sample_fast
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.streams.state_codec import decode_state, encode_state
 
 SOURCE_OFFSETS = "source_offsets"  # checkpoint key: partition → next offset folded in
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import faust
 from prometheus_client import start_http_server
 
-from contracts.config import Config
-from streams.app import build_app
-from streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.streams.app import build_app
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 EXIT_STOP_DEADLINE = 3  # the exit status of a worker that had to be stopped hard

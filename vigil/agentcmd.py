@@ -14,19 +14,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from contracts import topics
-from contracts.codec import encode_sample
-from contracts.config import Config
-from contracts.errors import ConfigError, VigilError
-from contracts.identity import Signer
-from contracts.messages import Sample, StepBatch
-from contracts.names import node_problem
-from contracts.steps import encode_steps
-from producers.agent import Agent
-from producers.attribution import SlurmJob, StaticJob
-from producers.metrics import agent_registry
-from producers.reading import Source
-from producers.sampler import AdaptiveSampler, SamplingConfig
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import encode_sample
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import ConfigError, VigilError
+from vigil_gpu_monitor.contracts.identity import Signer
+from vigil_gpu_monitor.contracts.messages import Sample, StepBatch
+from vigil_gpu_monitor.contracts.names import node_problem
+from vigil_gpu_monitor.contracts.steps import encode_steps
+from vigil_gpu_monitor.producers.agent import Agent
+from vigil_gpu_monitor.producers.attribution import SlurmJob, StaticJob
+from vigil_gpu_monitor.producers.metrics import agent_registry
+from vigil_gpu_monitor.producers.reading import Source
+from vigil_gpu_monitor.producers.sampler import AdaptiveSampler, SamplingConfig
 
 log = logging.getLogger("vigil.agent")
 # sources that read the node's GPUs: when they read none, the node is not published
@@ -58,8 +58,8 @@ def _start_steps(cfg: Config, args: argparse.Namespace, node: str, job_of: Calla
     """Receive ``vigil.witness`` records on ``--witness-socket`` and tail ``--log-tail``
     in a thread of their own, and publish the steps (``vigil.steps``, or the debug
     sink); returns what stops it."""
-    from producers.logtail import PATTERNS, LogPattern, LogTail
-    from producers.steps import BufferedStepPublisher, WitnessReceiver
+    from vigil_gpu_monitor.producers.logtail import PATTERNS, LogPattern, LogTail
+    from vigil_gpu_monitor.producers.steps import BufferedStepPublisher, WitnessReceiver
     steps: Any = sink if args.out else BufferedStepPublisher(
         cfg.kafka_bootstrap, topics.topic(topics.STEPS, cfg.kafka.topic_prefix),
         capacity=cfg.agent.buffer_capacity, **cfg.kafka_client)
@@ -118,25 +118,25 @@ def build_sources(cfg: Config, names: list[str], trace: str | None) -> dict[str,
         if name == "nvml":
             import pynvml
 
-            from producers.nvml import NvmlSource
+            from vigil_gpu_monitor.producers.nvml import NvmlSource
             found[name] = NvmlSource(pynvml, interval=a.base_interval)
         elif name == "fake-nvml":  # demos and benchmarks on machines without a GPU
-            from producers.nvml import NvmlSource
-            from producers.nvml_fake import FakeNvml
+            from vigil_gpu_monitor.producers.nvml import NvmlSource
+            from vigil_gpu_monitor.producers.nvml_fake import FakeNvml
             found[name] = NvmlSource(FakeNvml(call_cost=a.fake_nvml_call_cost,
                                               h100_costs=a.fake_nvml_h100_costs),
                                      interval=a.base_interval)
         elif name == "infiniband":
-            from producers.infiniband import InfinibandSource
+            from vigil_gpu_monitor.producers.infiniband import InfinibandSource
             found[name] = InfinibandSource(a.infiniband_root)
         elif name == "host":
-            from producers.host import HostSource
+            from vigil_gpu_monitor.producers.host import HostSource
             found[name] = HostSource(a.proc_root)
         elif name == "dcgm":
-            from producers.dcgm import DcgmExporterSource
+            from vigil_gpu_monitor.producers.dcgm import DcgmExporterSource
             found[name] = DcgmExporterSource(a.dcgm_url)
         elif name == "trace":
-            from producers.trace import TraceSource
+            from vigil_gpu_monitor.producers.trace import TraceSource
             if not trace:
                 raise ConfigError("the trace source needs --trace FILE")
             found[name] = TraceSource(trace)
@@ -158,7 +158,7 @@ def build_attribution(cfg: Config, job: str | None = None) -> Callable[[], str]:
     if a.attribution == "slurm":
         return SlurmJob(a.cgroup_root)
     if a.attribution == "kubernetes":
-        from producers.podresources import KubeletJob, grpc_lister
+        from vigil_gpu_monitor.producers.podresources import KubeletJob, grpc_lister
         try:
             return KubeletJob(grpc_lister(a.kubelet_socket), a.kubernetes_job_pattern)
         except re.error as exc:
@@ -206,8 +206,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     if args.out:
         sink: Any = JsonLinesSink(args.out)
     else:
-        from producers.publisher import BufferedPublisher
-        from producers.spool import DiskSpool
+        from vigil_gpu_monitor.producers.publisher import BufferedPublisher
+        from vigil_gpu_monitor.producers.spool import DiskSpool
         spool = DiskSpool(a.spool_dir, max_bytes=a.spool_max_mb << 20) if a.spool_dir else None
         sink = BufferedPublisher(cfg.kafka_bootstrap,
                                  topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),

@@ -8,10 +8,10 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from contracts import config as config_mod
-from contracts.codec import DETECTION_KINDS, SEVERITIES
-from contracts.config import Config
-from vigil.failures import DIST, OWN_PACKAGES, describe
+from vigil_gpu_monitor.contracts import config as config_mod
+from vigil_gpu_monitor.contracts.codec import DETECTION_KINDS, SEVERITIES
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.vigil.failures import DIST, OWN_PACKAGES, describe
 
 Handler = Callable[[Config, argparse.Namespace], int]
 
@@ -33,30 +33,30 @@ def _command(name: str) -> Handler:
     command pulls in its own dependencies alone."""
 
     def run(cfg: Config, args: argparse.Namespace) -> int:
-        from vigil import commands
+        from vigil_gpu_monitor.vigil import commands
         return int(getattr(commands, name)(cfg, args))
     return run
 
 
 def _goodput(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.goodputcmd import goodput
+    from vigil_gpu_monitor.vigil.goodputcmd import goodput
     return goodput(cfg, args)
 
 
 def _up(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.ops import localstack
+    from vigil_gpu_monitor.vigil.ops import localstack
     localstack.up(cfg)
     return 0
 
 
 def _down(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.ops import localstack
+    from vigil_gpu_monitor.vigil.ops import localstack
     localstack.down(cfg)
     return 0
 
 
 def _status(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil.ops import localstack
+    from vigil_gpu_monitor.vigil.ops import localstack
     report = localstack.health(cfg)
     for name, state in report.items():
         print(f"{name:6} {state}")
@@ -85,15 +85,15 @@ def _processes(text: str) -> int:
 
 
 def _agent(cfg: Config, args: argparse.Namespace) -> int:
-    from vigil import agentcmd
+    from vigil_gpu_monitor.vigil import agentcmd
     return agentcmd.run(cfg, args)
 
 
 
 def _worker(cfg: Config, args: argparse.Namespace) -> int:
-    from streams.worker import run_worker
-    from vigil.ops.kafka_admin import ensure_topics
-    from vigil.reach import require_kafka
+    from vigil_gpu_monitor.streams.worker import run_worker
+    from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
+    from vigil_gpu_monitor.vigil.reach import require_kafka
     require_kafka(cfg)
     replication = ensure_topics(cfg)
     return run_worker(cfg, replication.factor)
@@ -103,19 +103,19 @@ def _worker(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _top(cfg: Config, args: argparse.Namespace) -> int:
-    from alerting.state import LiveState
-    from vigil.reach import redis_client
-    from vigil.views import top
+    from vigil_gpu_monitor.alerting.state import LiveState
+    from vigil_gpu_monitor.vigil.reach import redis_client
+    from vigil_gpu_monitor.vigil.views import top
     state = LiveState(redis_client(cfg), cfg.redis.key_prefix)
     return top.run(state, args.interval, args.once, False if args.no_color else None)
 
 
 def _bench(cfg: Config, args: argparse.Namespace) -> int:
     if args.what == "detect":
-        from vigil.evaluation import benchdetect
+        from vigil_gpu_monitor.vigil.evaluation import benchdetect
         sizes = tuple(int(x) for x in args.sizes.split(","))
         seeds = tuple(int(x) for x in args.seeds.split(","))
-        from vigil.agentcmd import sampling_config
+        from vigil_gpu_monitor.vigil.agentcmd import sampling_config
         sampling = sampling_config(cfg) if args.adaptive else None
         return benchdetect.main(sizes, seeds, args.json, args.verbose_results, sampling)
     raise AssertionError(args.what)
@@ -287,7 +287,7 @@ def _version() -> str:
         from importlib.metadata import PackageNotFoundError, version
         return version(DIST)
     except PackageNotFoundError:  # a source tree that was never installed
-        from vigil import __version__
+        from vigil_gpu_monitor.vigil import __version__
         return __version__
 
 

@@ -11,18 +11,18 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from contracts import STEP_SCHEMA, topics
-from contracts.codec import (
+from vigil_gpu_monitor.contracts import STEP_SCHEMA, topics
+from vigil_gpu_monitor.contracts.codec import (
     ContractError,
     decode_sample,
     encode_detection,
     encode_sample,
 )
-from contracts.config import Config
-from contracts.errors import VigilError
-from contracts.messages import Sample, location
-from vigil.progress import Progress
-from vigil.reach import redis_client, require_kafka
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import VigilError
+from vigil_gpu_monitor.contracts.messages import Sample, location
+from vigil_gpu_monitor.vigil.progress import Progress
+from vigil_gpu_monitor.vigil.reach import redis_client, require_kafka
 
 log = logging.getLogger("vigil")
 
@@ -40,7 +40,7 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
     """Publish (or write) the demo cluster's samples. To Kafka they go at the pace of
     their timestamps (event time), so the live view never sees data from the future;
     ``--fast`` publishes them as fast as Kafka takes them (tests, benchmarks)."""
-    from simulator.cluster import Simulator, demo_cluster
+    from vigil_gpu_monitor.simulator.cluster import Simulator, demo_cluster
 
     start = args.start if args.start is not None else time.time()
     cluster = demo_cluster(args.jobs, args.nodes, start=start, slow_after=args.slow_after)
@@ -53,8 +53,8 @@ def simulate(cfg: Config, args: argparse.Namespace) -> int:
             for sample in sim.samples(args.duration):
                 out.write(encode_sample(sample) + b"\n")
         return 0
-    from producers.publisher import KafkaPublisher
-    from vigil.ops.kafka_admin import ensure_topics
+    from vigil_gpu_monitor.producers.publisher import KafkaPublisher
+    from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
     require_kafka(cfg)
     ensure_topics(cfg)
@@ -84,7 +84,7 @@ def paced(samples: Iterable[Sample], start: float,
 def trace_samples(path: str, progress: Progress | None = None) -> Iterator[Sample]:
     """Valid samples of a trace (plain, gzip or zstd JSON lines); invalid lines are
     summarised once, and a trace with none valid is an error (``vigil.tracefile``)."""
-    from vigil.tracefile import read_samples
+    from vigil_gpu_monitor.vigil.tracefile import read_samples
 
     for count, sample in enumerate(read_samples(path), 1):
         if progress is not None:
@@ -95,8 +95,8 @@ def trace_samples(path: str, progress: Progress | None = None) -> Iterator[Sampl
 def _sample_or_steps(raw: bytes | str) -> Any:
     """One trace line: a ``vigil.step/1`` batch (lenient: a bad step costs that step) or
     a sample (the worker's fast decoder)."""
-    from contracts.steps import decode_steps
-    from streams.decode import decode_sample_fast
+    from vigil_gpu_monitor.contracts.steps import decode_steps
+    from vigil_gpu_monitor.streams.decode import decode_sample_fast
 
     steps = b'"vigil.step/1"' in raw if isinstance(raw, bytes) else '"vigil.step/1"' in raw
     if steps:
@@ -108,14 +108,14 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
     """Run the detectors over a trace in event time and print detections as JSON lines.
     The trace may hold per-rank step timings (``vigil.step/1``) beside the samples, or
     instead of them."""
-    from detectors.engine import ReplayRunner
+    from vigil_gpu_monitor.detectors.engine import ReplayRunner
 
     processes = getattr(args, "jobs", 1) or 1
     if processes > 1 and args.trace != "-" and not _compressed(args.trace):
         done = _replay_over_processes(args.trace, args.out, processes, cfg)
         if done:
             return 0
-    from vigil.tracefile import read_samples
+    from vigil_gpu_monitor.vigil.tracefile import read_samples
 
     runner = ReplayRunner(cfg.detect)
     progress = Progress("replay")
@@ -136,7 +136,7 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
 def _compressed(trace: str) -> bool:
     """A compressed trace is replayed in one process (the plan reads plain lines); a
     path that cannot be read is left to the one-process path's error."""
-    from vigil.tracefile import compressed
+    from vigil_gpu_monitor.vigil.tracefile import compressed
 
     try:
         return compressed(trace)
@@ -147,8 +147,8 @@ def _compressed(trace: str) -> bool:
 def _replay_over_processes(trace: str, out_path: str, processes: int, cfg: Config) -> bool:
     """`vigil replay --jobs N`: the trace's jobs over N processes (``vigil.replay_jobs``).
     False when the plan did not hold and one process must replay the trace instead."""
-    from vigil.replay_jobs import replay_jobs
-    from vigil.tracefile import skipped_summary
+    from vigil_gpu_monitor.vigil.replay_jobs import replay_jobs
+    from vigil_gpu_monitor.vigil.tracefile import skipped_summary
 
     progress = Progress("replay")
     outcome = replay_jobs(trace, processes, cfg.detect)
@@ -204,8 +204,8 @@ def topic_samples(cfg: Config, job: str, progress: Progress | None = None,
 
 def report(cfg: Config, args: argparse.Namespace) -> int:
     """Write a job's HTML report from a trace or the samples topic."""
-    from vigil.views.report import build
-    from vigil.views.report_html import render
+    from vigil_gpu_monitor.vigil.views.report import build
+    from vigil_gpu_monitor.vigil.views.report_html import render
 
     progress = Progress(f"report {args.job}")
     samples = (trace_samples(args.trace, progress) if args.trace
@@ -224,7 +224,7 @@ def report(cfg: Config, args: argparse.Namespace) -> int:
 
 def alerter(cfg: Config, args: argparse.Namespace) -> int:
     """Consume detections into Redis live state until stopped."""
-    from alerting.service import run_alerter
+    from vigil_gpu_monitor.alerting.service import run_alerter
 
     require_kafka(cfg)
     return run_alerter(cfg, max_seconds=args.max_seconds)
@@ -233,8 +233,8 @@ def alerter(cfg: Config, args: argparse.Namespace) -> int:
 def alerts(cfg: Config, args: argparse.Namespace) -> int:
     """Print open incidents from Redis, costliest first (GPU-hours lost per hour;
     those without an estimate after, newest first)."""
-    from alerting.cost import by_cost, lost_per_hour
-    from alerting.state import LiveState
+    from vigil_gpu_monitor.alerting.cost import by_cost, lost_per_hour
+    from vigil_gpu_monitor.alerting.state import LiveState
 
     state = LiveState(redis_client(cfg), cfg.redis.key_prefix)
     rows = state.open_incidents(job=args.job)
@@ -258,8 +258,8 @@ def select_metrics(cfg: Config, args: argparse.Namespace) -> int:
     """Print the representative metric subset of a trace and the groups (Moneo §2.2)."""
     import numpy as np
 
-    from contracts.catalog import GPU_METRICS
-    from detectors.selection import select_metrics as select
+    from vigil_gpu_monitor.contracts.catalog import GPU_METRICS
+    from vigil_gpu_monitor.detectors.selection import select_metrics as select
 
     rows: dict[tuple[str, str], dict[str, list[float]]] = {}
     for sample in trace_samples(args.trace):
@@ -288,7 +288,7 @@ def select_metrics(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _silences(cfg: Config) -> Any:
-    from alerting.silences import SilenceStore
+    from vigil_gpu_monitor.alerting.silences import SilenceStore
 
     return SilenceStore(redis_client(cfg), cfg.redis.key_prefix)
 
@@ -314,7 +314,7 @@ def _matchers(items: list[str]) -> dict[str, str]:
     silence nothing, silently)."""
     import fnmatch
 
-    from contracts.codec import DETECTION_KINDS, SEVERITIES
+    from vigil_gpu_monitor.contracts.codec import DETECTION_KINDS, SEVERITIES
 
     matchers: dict[str, str] = {}
     for item in items:
@@ -369,7 +369,7 @@ def ack(cfg: Config, args: argparse.Namespace) -> int:
     """Acknowledge an incident: pager channels stop re-notifying it."""
     import getpass
 
-    from alerting.state import LiveState
+    from vigil_gpu_monitor.alerting.state import LiveState
 
     store = _silences(cfg)
     state = LiveState(store.r, cfg.redis.key_prefix)
@@ -396,8 +396,8 @@ def _when(ts: float) -> str:
 def actions(cfg: Config, args: argparse.Namespace) -> int:
     """Print the remediation audit (every decision, acted on or not, and why), then
     each node's repair lifecycle: every state change, why, and who made it."""
-    from alerting.remediation import audit_log
-    from alerting.repair import RepairLog
+    from vigil_gpu_monitor.alerting.remediation import audit_log
+    from vigil_gpu_monitor.alerting.repair import RepairLog
 
     r = redis_client(cfg)
     rows = audit_log(r, cfg.redis.key_prefix, args.count)
@@ -422,7 +422,7 @@ def actions(cfg: Config, args: argparse.Namespace) -> int:
 
 def nodes(cfg: Config, args: argparse.Namespace) -> int:
     """Nodes Vigil holds out of service: state, since when, why, GPU-hours out."""
-    from alerting.repair import RepairLog, gpu_hours
+    from vigil_gpu_monitor.alerting.repair import RepairLog, gpu_hours
 
     out = RepairLog(redis_client(cfg), cfg.redis.key_prefix).out_nodes()
     if not out:
@@ -442,7 +442,7 @@ def repair(cfg: Config, args: argparse.Namespace) -> int:
     and returns it (or holds it out with the reason)."""
     import getpass
 
-    from alerting.repair import RepairLog, TransitionRefused, repair_done
+    from vigil_gpu_monitor.alerting.repair import RepairLog, TransitionRefused, repair_done
 
     log_ = RepairLog(redis_client(cfg), cfg.redis.key_prefix)
     try:

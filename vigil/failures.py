@@ -12,15 +12,15 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-from contracts.config import Config
-from contracts.errors import ConfigError, VigilError
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import ConfigError, VigilError
 
 # command → the extra that brings its dependencies (pyproject.toml)
 EXTRA_OF = {"agent": "agent", "worker": "worker", "alerter": "alerter", "alerts": "alerter",
             "top": "alerter", "silence": "alerter", "ack": "alerter", "actions": "alerter",
             "nodes": "alerter", "repair": "alerter", "goodput": "alerter"}
-OWN_PACKAGES = ("vigil", "contracts", "producers", "simulator", "detectors", "streams",
-                "alerting")
+# Vigil's import name, and the logger some modules name "vigil"
+OWN_PACKAGES = ("vigil_gpu_monitor", "vigil")
 DIST = "vigil-gpu-monitor"
 
 

@@ -12,8 +12,8 @@ import json
 import re
 import time
 
-from contracts.config import Config
-from contracts.errors import ConfigError
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import ConfigError
 
 _UNITS = {"m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
 
@@ -49,7 +49,7 @@ def goodput(cfg: Config, args: argparse.Namespace) -> int:
     """Print the ledger's summary (``--json``: the whole summary as JSON)."""
     import redis
 
-    from alerting.goodput import GoodputLedger
+    from vigil_gpu_monitor.alerting.goodput import GoodputLedger
 
     now = time.time()
     since = parse_since(args.since, now)

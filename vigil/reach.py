@@ -10,8 +10,8 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING
 
-from contracts.config import Config
-from contracts.errors import VigilError
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import VigilError
 
 if TYPE_CHECKING:
     import redis

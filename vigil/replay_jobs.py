@@ -33,9 +33,9 @@ from typing import NamedTuple
 
 import msgspec
 
-from contracts.codec import encode_detection
-from contracts.config import DetectConfig
-from contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.codec import encode_detection
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.errors import ContractError
 
 log = logging.getLogger("vigil")
 
@@ -101,7 +101,7 @@ def _lines(path: str) -> Iterator[tuple[int, bytes]]:
 def make_plan(path: str, processes: int, bin_seconds: float = 5.0) -> Plan:
     """Read each line's job, node and time, and give each job to one of
     ``processes``."""
-    from streams.decode import decode_sample_fast
+    from vigil_gpu_monitor.streams.decode import decode_sample_fast
 
     if not 1 <= processes <= MAX_PROCESSES:
         raise ValueError(f"--jobs must be 1..{MAX_PROCESSES}")
@@ -189,8 +189,8 @@ def node_moves(plan: Plan, skipped: set[int]) -> list[list[Move]]:
 
 def replay_part(path: str, plan: Plan, me: int, cfg: DetectConfig) -> PartResult:
     """Replay process ``me``'s lines of the trace, applying its node moves."""
-    from detectors.engine import JobEngine
-    from streams.decode import decode_sample_fast
+    from vigil_gpu_monitor.detectors.engine import JobEngine
+    from vigil_gpu_monitor.streams.decode import decode_sample_fast
 
     engines: dict[str, JobEngine] = {}
     moves = iter(plan.moves[me])

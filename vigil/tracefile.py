@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-from contracts.codec import decode_trace
-from contracts.errors import ContractError, VigilError
+from vigil_gpu_monitor.contracts.codec import decode_trace
+from vigil_gpu_monitor.contracts.errors import ContractError, VigilError
 
 log = logging.getLogger("vigil.trace")
 
@@ -96,7 +96,9 @@ def read_samples(path: str, decode: Callable[[bytes | str], Any] | None = None
     few reasons) in a warning at the end; a trace with none valid is a
     ``TraceError`` naming the file and the first reason."""
     if decode is None:
-        from streams.decode import decode_sample_fast  # msgspec: parse, validate at once
+        from vigil_gpu_monitor.streams.decode import (
+            decode_sample_fast,  # msgspec: parse, validate at once
+        )
 
         decode = decode_sample_fast
 

@@ -3,7 +3,7 @@
 Standard library only, importable anywhere a training loop runs. Call ``step()``
 once a step, after the optimizer step::
 
-    from vigil.witness import Witness
+    from vigil_gpu_monitor.vigil.witness import Witness
     witness = Witness()              # job, rank, GPU from Slurm / torchrun variables
     for batch in loader:
         ...                          # forward, backward

@@ -6,11 +6,17 @@ from typing import Any
 
 import pytest
 
-from alerting.channels import AlertmanagerChannel, PagerDutyChannel, SlackChannel
-from alerting.cost import CostLedger, by_cost, cost_text, escalate_on_cost, with_cost
-from contracts.config import Secret
 from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
+from vigil_gpu_monitor.alerting.channels import AlertmanagerChannel, PagerDutyChannel, SlackChannel
+from vigil_gpu_monitor.alerting.cost import (
+    CostLedger,
+    by_cost,
+    cost_text,
+    escalate_on_cost,
+    with_cost,
+)
+from vigil_gpu_monitor.contracts.config import Secret
 
 
 def costly(ident: str = "straggler-1", lost: float | None = 7.4, slowdown: float = 0.09,

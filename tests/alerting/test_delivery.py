@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from alerting.channels import (
+from tests.alerting.http_recorder import Recorder
+from vigil_gpu_monitor.alerting.channels import (
     DeliveryError,
     PagerDutyChannel,
     SlackChannel,
@@ -22,10 +23,9 @@ from alerting.channels import (
     retry_after_seconds,
     signature,
 )
-from alerting.delivery import ChannelWorker, DeliveryPolicy
-from alerting.router import Route
-from contracts.config import Secret
-from tests.alerting.http_recorder import Recorder
+from vigil_gpu_monitor.alerting.delivery import ChannelWorker, DeliveryPolicy
+from vigil_gpu_monitor.alerting.router import Route
+from vigil_gpu_monitor.contracts.config import Secret
 
 
 def det(state: str = "firing", ident: str = "straggler-1", severity: str = "critical",

@@ -16,11 +16,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from alerting.executors import CommandExecutor, ExecutorError, KubernetesExecutor, SlurmExecutor
-from alerting.remediation import nodes_touched
-from contracts.messages import Action
-from contracts.names import is_node_name
 from tests.alerting.http_recorder import Recorder
+from vigil_gpu_monitor.alerting.executors import (
+    CommandExecutor,
+    ExecutorError,
+    KubernetesExecutor,
+    SlurmExecutor,
+)
+from vigil_gpu_monitor.alerting.remediation import nodes_touched
+from vigil_gpu_monitor.contracts.messages import Action
+from vigil_gpu_monitor.contracts.names import is_node_name
 
 HOSTILE = ["gpu-[01-04]", "gpu-[01,03-04]", "gpu-01,gpu-02", "ALL", "all", "DEFAULT",
            "-h", "--all", "gpu 01", "gpu-01\n", "../gpu-01", "gpu-01/status", "..", ".",

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from alerting.executors import ExecutorError, KubernetesExecutor
+from vigil_gpu_monitor.alerting.executors import ExecutorError, KubernetesExecutor
 
 ACTION = {"action": "cordon", "node": "gpu-7", "gpu": "3", "job": "j", "incident": "i"}
 
@@ -165,7 +165,7 @@ def test_a_node_cordoned_by_someone_else_is_not_vigils(
 
 
 def test_slurm_node_parsing_tells_vigils_drain_from_a_persons() -> None:
-    from alerting.executors import parse_slurm_node
+    from vigil_gpu_monitor.alerting.executors import parse_slurm_node
 
     ours = parse_slurm_node("NodeName=g1 Arch=x86_64\n   State=IDLE+DRAIN ThreadsPerCore=1\n"
                             "   Reason=vigil reset_gpu gpu 3: incident i-1 [root@2026-01-01]\n")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerting.remediation import plan
-from contracts.config import AlerterConfig
+from vigil_gpu_monitor.alerting.remediation import plan
+from vigil_gpu_monitor.contracts.config import AlerterConfig
 
 
 def _det(kind: str, node: str | None = "n1", **evidence: Any) -> dict[str, Any]:

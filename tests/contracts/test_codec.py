@@ -9,9 +9,15 @@ from typing import Any
 import jsonschema
 import pytest
 
-from contracts import schema_gen
-from contracts.catalog import CATALOG, GPU_METRICS, HOST_METRICS, NIC_METRICS, Scope
-from contracts.codec import (
+from vigil_gpu_monitor.contracts import schema_gen
+from vigil_gpu_monitor.contracts.catalog import (
+    CATALOG,
+    GPU_METRICS,
+    HOST_METRICS,
+    NIC_METRICS,
+    Scope,
+)
+from vigil_gpu_monitor.contracts.codec import (
     ContractError,
     decode_detection,
     decode_sample,
@@ -122,7 +128,8 @@ def test_nulls_are_not_readings() -> None:
 def test_committed_schema_files_match_the_catalog() -> None:
     for name, text in schema_gen.rendered().items():
         committed = (schema_gen.SCHEMA_DIR / name).read_text(encoding="utf-8")
-        assert committed == text, f"{name} is stale: run python -m contracts.schema_gen"
+        assert committed == text, (
+            f"{name} is stale: run python -m vigil_gpu_monitor.contracts.schema_gen")
 
 
 def test_catalog_is_consistent() -> None:
@@ -150,7 +157,7 @@ def test_a_trace_skips_blank_lines_and_reports_bad_ones_by_their_number() -> Non
 
 
 def test_drop_bad_readings_takes_out_only_the_bad_ones() -> None:
-    from contracts.codec import drop_bad_readings
+    from vigil_gpu_monitor.contracts.codec import drop_bad_readings
 
     sample = copy.deepcopy(SAMPLE)
     sample["gpus"]["0"].update(power=float("nan"), temperature=1e9, ecc_sbe="3")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import ConfigError, Secret, describe, load, mask_url
+from vigil_gpu_monitor.contracts.config import ConfigError, Secret, describe, load, mask_url
 
 
 def test_defaults_point_at_the_local_stack() -> None:

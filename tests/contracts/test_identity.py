@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import load
-from contracts.errors import ConfigError, ContractError
-from contracts.identity import (
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.contracts.errors import ConfigError, ContractError
+from vigil_gpu_monitor.contracts.identity import (
     KEY_ID_HEADER,
     SIG_HEADER,
     Signer,
@@ -94,7 +94,7 @@ def test_issue_prints_the_key_the_worker_derives(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_agent_reads_its_key_from_a_file(tmp_path: Path) -> None:
-    from vigil.agentcmd import node_signer
+    from vigil_gpu_monitor.vigil.agentcmd import node_signer
 
     path = tmp_path / "node.key"
     path.write_text(f"k1={node_key(MASTER, 'gpu-01').hex()}\n")

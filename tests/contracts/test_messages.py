@@ -10,7 +10,7 @@ from mypy import api
 ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = '''
-from contracts.messages import Detection, Sample
+from vigil_gpu_monitor.contracts.messages import Detection, Sample
 
 def where(det: Detection) -> str:
     return f"{det['node']}/{det['gpu']}"

@@ -14,18 +14,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts import SAMPLE_SCHEMA
-from contracts.codec import decode_sample, encode_sample
-from contracts.errors import ContractError
-from contracts.names import (
+from vigil_gpu_monitor.contracts import SAMPLE_SCHEMA
+from vigil_gpu_monitor.contracts.codec import decode_sample, encode_sample
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.names import (
     JOB_SCHEMA_PATTERN,
     NODE_SCHEMA_PATTERN,
     is_node_name,
     job_problem,
     node_problem,
 )
-from contracts.schema_gen import sample_schema
-from streams.decode import decode_sample_fast
+from vigil_gpu_monitor.contracts.schema_gen import sample_schema
+from vigil_gpu_monitor.streams.decode import decode_sample_fast
 
 FOREIGN = Path(__file__).resolve().parents[2] / ".." / "shared" / "foreign"
 

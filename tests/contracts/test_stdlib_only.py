@@ -23,7 +23,7 @@ def _imported_top_levels(path: Path) -> set[str]:
 
 
 def test_contracts_imports_nothing_but_the_standard_library_and_itself() -> None:
-    allowed = set(sys.stdlib_module_names) | {"contracts", "__future__"}
+    allowed = set(sys.stdlib_module_names) | {"vigil_gpu_monitor", "__future__"}
     offending = {f"{path.name}: {name}" for path in sorted(CONTRACTS.rglob("*.py"))
                  for name in _imported_top_levels(path) if name not in allowed}
     assert not offending

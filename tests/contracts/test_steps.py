@@ -9,9 +9,14 @@ from typing import Any
 import jsonschema
 import pytest
 
-from contracts import schema_gen
-from contracts.errors import ContractError
-from contracts.steps import DroppedStep, decode_steps, encode_steps, validate_step_batch
+from vigil_gpu_monitor.contracts import schema_gen
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.steps import (
+    DroppedStep,
+    decode_steps,
+    encode_steps,
+    validate_step_batch,
+)
 
 BATCH: dict[str, Any] = {
     "schema": "vigil.step/1", "job": "job-1", "node": "n1", "source": "witness",

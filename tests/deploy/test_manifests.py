@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from vigil.ops.localstack import debian_binary
+from vigil_gpu_monitor.vigil.ops.localstack import debian_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSION = "1.30.0"
@@ -124,8 +124,8 @@ def test_the_containerfile_builds_the_image_the_manifests_name() -> None:
 def test_the_alertmanager_example_checks_and_routes_by_severity() -> None:
     import re
 
-    from alerting.channels import labels
-    from contracts.codec import DETECTION_KINDS
+    from vigil_gpu_monitor.alerting.channels import labels
+    from vigil_gpu_monitor.contracts.codec import DETECTION_KINDS
 
     config = DEPLOY / "alertmanager" / "alertmanager.yml"
     names = {labels({"kind": k, "severity": "info", "job": "j", "id": "i", "node": None,

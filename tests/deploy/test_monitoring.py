@@ -15,11 +15,11 @@ from typing import Any
 import yaml
 from prometheus_client import generate_latest
 
-from alerting.cost import CostLedger
-from alerting.metrics import alerter_registry
-from producers.metrics import agent_registry
-from streams.metrics import WorkerMetrics
-from vigil.ops.localstack import debian_binary
+from vigil_gpu_monitor.alerting.cost import CostLedger
+from vigil_gpu_monitor.alerting.metrics import alerter_registry
+from vigil_gpu_monitor.producers.metrics import agent_registry
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.vigil.ops.localstack import debian_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROM = DEPLOY / "prometheus"

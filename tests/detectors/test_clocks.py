@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from contracts.config import DetectConfig
-from detectors.clocks import MIN_CORRECTION, ClockOffsets
-from detectors.engine import ReplayRunner
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.clocks import MIN_CORRECTION, ClockOffsets
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 T0 = 1_840_000_000.0
 

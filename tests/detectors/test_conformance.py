@@ -12,15 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from contracts.codec import validate_detection
-from detectors.findings import Finding
-from detectors.hang import HangParams, find_hang
-from detectors.incidents import IncidentTracker
-from detectors.links import LinkParams, find_link_faults
-from detectors.network import NetworkParams, find_network_bound
-from detectors.straggler import StragglerParams, find_stragglers
-from detectors.window import JobWindow, WindowView
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.codec import validate_detection
+from vigil_gpu_monitor.detectors.findings import Finding
+from vigil_gpu_monitor.detectors.hang import HangParams, find_hang
+from vigil_gpu_monitor.detectors.incidents import IncidentTracker
+from vigil_gpu_monitor.detectors.links import LinkParams, find_link_faults
+from vigil_gpu_monitor.detectors.network import NetworkParams, find_network_bound
+from vigil_gpu_monitor.detectors.straggler import StragglerParams, find_stragglers
+from vigil_gpu_monitor.detectors.window import JobWindow, WindowView
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 2_000_000.0
 BIN = 5.0

@@ -8,20 +8,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from contracts.codec import validate_detection
-from contracts.config import DetectConfig
-from contracts.errors import ContractError
-from detectors.cost import (
+from vigil_gpu_monitor.contracts.codec import validate_detection
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.detectors.cost import (
     ESTIMATE_BINS,
     MAX_BASE_NODES,
     _baseline,
     _from_baseline,
     inflation_series,
 )
-from detectors.engine import ReplayRunner
-from detectors.findings import Finding
-from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
-from vigil.evaluation.costcheck import CostCase, run_case, true_slowdown
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.detectors.findings import Finding
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.evaluation.costcheck import CostCase, run_case, true_slowdown
 
 START = 1_700_000_000.0
 

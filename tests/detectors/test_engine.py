@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.codec import validate_detection
-from contracts.config import DetectConfig
-from detectors.engine import JobEngine, ReplayRunner
-from detectors.findings import Finding
-from detectors.incidents import IncidentTracker
-from detectors.robust import robust_z
-from simulator.cluster import Cluster, JobSpec, Simulator, demo_cluster
+from vigil_gpu_monitor.contracts.codec import validate_detection
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import JobEngine, ReplayRunner
+from vigil_gpu_monitor.detectors.findings import Finding
+from vigil_gpu_monitor.detectors.incidents import IncidentTracker
+from vigil_gpu_monitor.detectors.robust import robust_z
+from vigil_gpu_monitor.simulator.cluster import Cluster, JobSpec, Simulator, demo_cluster
 
 CFG = DetectConfig()
 START = 1_000_000.0
@@ -214,7 +214,7 @@ def test_robust_z_flags_one_outlier_and_ignores_the_rest(peers: list[float], whe
 def test_a_sample_years_away_does_not_walk_every_empty_bin_between() -> None:
     """A clock far off (ts 1 s, then today) must not make the engine evaluate the
     hundreds of millions of empty bins in between: it skips to the newest window."""
-    from detectors.engine import ReplayRunner as Runner
+    from vigil_gpu_monitor.detectors.engine import ReplayRunner as Runner
 
     runner = Runner(DetectConfig())
     for ts in (1.0, 1.5, START, START + 10.0, START + 20.0):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.config import DetectConfig
-from vigil.evaluation.benchdetect import run_suite
-from vigil.evaluation.envelope import CLASSES, TUNING_SEEDS, envelope_suite
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.vigil.evaluation.benchdetect import run_suite
+from vigil_gpu_monitor.vigil.evaluation.envelope import CLASSES, TUNING_SEEDS, envelope_suite
 
 BARRIER = ("straggler", "hang", "slowdown")
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from detectors.findings import Finding
-from detectors.grouping import group_by_node
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.detectors.findings import Finding
+from vigil_gpu_monitor.detectors.grouping import group_by_node
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 T0 = 1_950_000_000.0
 BRAKE = 0x80

@@ -9,13 +9,13 @@ from typing import Any
 
 import orjson
 
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from detectors.held import HeldReadings
-from detectors.window import JobWindow
-from producers.sampler import AdaptiveSampler, SamplingConfig
-from simulator.cluster import Simulator
-from vigil.evaluation.scenarios import suite
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.detectors.held import HeldReadings
+from vigil_gpu_monitor.detectors.window import JobWindow
+from vigil_gpu_monitor.producers.sampler import AdaptiveSampler, SamplingConfig
+from vigil_gpu_monitor.simulator.cluster import Simulator
+from vigil_gpu_monitor.vigil.evaluation.scenarios import suite
 
 
 def _sample(ts: float, gpus: dict[str, dict[str, float]], node: str = "n1") -> dict[str, Any]:

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from contracts.codec import validate_detection
-from contracts.config import DetectConfig
-from detectors.baseline import StaticRules
-from detectors.engine import ReplayRunner
-from detectors.health import classify_xid
-from detectors.links import LinkParams, find_link_faults
-from detectors.window import JobWindow, WindowView
-from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.codec import validate_detection
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.baseline import StaticRules
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.detectors.health import classify_xid
+from vigil_gpu_monitor.detectors.links import LinkParams, find_link_faults
+from vigil_gpu_monitor.detectors.window import JobWindow, WindowView
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 
 START = 3_000_000.0
 AT = START + 60

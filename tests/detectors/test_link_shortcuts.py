@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from detectors.links import (
+from vigil_gpu_monitor.detectors.links import (
     NVLINK_ABS_FLOOR,
     NVLINK_REL_FLOOR,
     WAIT_FLOOR,
     _calm_nodes,
     _calm_ports,
 )
-from detectors.robust import robust_z, robust_z_axis
+from vigil_gpu_monitor.detectors.robust import robust_z, robust_z_axis
 
 Z = 4.0
 # relative jitter around a node's level: most draws are calm, some are not

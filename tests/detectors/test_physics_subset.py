@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import statistics
 
-from contracts.config import DetectConfig
-from vigil.evaluation.benchdetect import run_suite
-from vigil.evaluation.physics import CLASSES, TUNING_SEEDS, physics_suite
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.vigil.evaluation.benchdetect import run_suite
+from vigil_gpu_monitor.vigil.evaluation.physics import CLASSES, TUNING_SEEDS, physics_suite
 
 # A network-heavy MoE may well be network-bound; no class may raise anything else.
 ALLOWED = {"moe_rotating_net": "network_bound", "moe_hot_dwell_net": "network_bound",

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from contracts.config import DetectConfig
-from contracts.messages import Detection
-from detectors.engine import ReplayRunner
 from tests.real_gpu import real_gpu_check
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.messages import Detection
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
 
 FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "fixtures"
 HEALTHY = ("baseline", "settle", "memory-clock", "resumed")  # memory-clock: not applied

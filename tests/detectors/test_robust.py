@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from detectors.robust import clamp, nanmedian, persistent, robust_z_axis
+from vigil_gpu_monitor.detectors.robust import clamp, nanmedian, persistent, robust_z_axis
 
 finite_or_nan = st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))
 

@@ -3,10 +3,10 @@ is `vigil bench detect`)."""
 
 from __future__ import annotations
 
-from contracts.config import DetectConfig
-from producers.sampler import SamplingConfig
-from vigil.evaluation.benchdetect import run_suite
-from vigil.evaluation.scenarios import suite
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.producers.sampler import SamplingConfig
+from vigil_gpu_monitor.vigil.evaluation.benchdetect import run_suite
+from vigil_gpu_monitor.vigil.evaluation.scenarios import suite
 
 
 def test_scenario_subset_meets_the_targets() -> None:

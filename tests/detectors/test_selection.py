@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.selection import moneo_distance, scaled_variance, select_metrics
+from vigil_gpu_monitor.detectors.selection import moneo_distance, scaled_variance, select_metrics
 
 
 def test_eq1_matches_the_paper_formula() -> None:

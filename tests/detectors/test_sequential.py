@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from detectors.peer_streams import (
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.detectors.peer_streams import (
     TRAINING_BINS,
     Comparison,
     MetricSpec,
@@ -18,8 +18,8 @@ from detectors.peer_streams import (
     StreamTable,
     advance,
 )
-from detectors.sequential import Cusum, siegmund_arl, threshold_for_arl
-from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.detectors.sequential import Cusum, siegmund_arl, threshold_for_arl
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 
 T0 = 1_870_500_000.0
 

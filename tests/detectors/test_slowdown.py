@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
-from vigil.evaluation.fleet import fleet_job
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.evaluation.fleet import fleet_job
 
 T0 = 1_860_000_000.0
 

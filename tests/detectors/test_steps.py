@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import DetectConfig
-from contracts.messages import StepBatch
-from detectors.engine import JobEngine
-from detectors.findings import Finding
-from detectors.step_merge import merge
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from simulator.steps import StepTimings
-from vigil.evaluation.stepcheck import check
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.messages import StepBatch
+from vigil_gpu_monitor.detectors.engine import JobEngine
+from vigil_gpu_monitor.detectors.findings import Finding
+from vigil_gpu_monitor.detectors.step_merge import merge
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.simulator.steps import StepTimings
+from vigil_gpu_monitor.vigil.evaluation.stepcheck import check
 
 SEED = 3  # the bench's held-out seeds are 61-66
 
@@ -136,8 +136,8 @@ def test_steps_for_bins_already_evaluated_are_counted_late() -> None:
 
 def test_replay_reads_step_timings_beside_samples_or_alone(tmp_path: Path) -> None:
     """``vigil replay`` on a trace of step batches alone finds the slow rank."""
-    from contracts.steps import encode_steps
-    from vigil.cli import main
+    from vigil_gpu_monitor.contracts.steps import encode_steps
+    from vigil_gpu_monitor.vigil.cli import main
 
     trace, out = tmp_path / "steps.jsonl", tmp_path / "det.jsonl"
     lines = [encode_steps(b) for b in _batches(150)]

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from detectors.straggler import (
+from vigil_gpu_monitor.detectors.straggler import (
     BASIS_WAIT_BINS,
     GPU_READS,
     STATS,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 T0 = 1_900_000_000.0
 BARRIER_KINDS = {"straggler", "hang", "slowdown", "load_imbalance"}

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.config import DetectConfig
-from detectors.engine import JobEngine
-from detectors.window import JobWindow, WindowView
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import JobEngine
+from vigil_gpu_monitor.detectors.window import JobWindow, WindowView
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 3_000_000.0
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 T0 = 1_850_000_000.0
 
@@ -106,8 +106,8 @@ def test_a_finding_in_a_bin_without_its_readings_holds_with_them_unknown(
     stopped `vigil replay` before). Every detection encodes."""
     import math
 
-    import detectors.engine as engine
-    from contracts.codec import encode_detection
+    import vigil_gpu_monitor.detectors.engine as engine
+    from vigil_gpu_monitor.contracts.codec import encode_detection
 
     findings = []
     real = engine.find_stragglers
@@ -140,7 +140,7 @@ def test_a_load_finding_in_a_bin_without_work_to_compare_holds_with_its_share_un
     logged "non-finite evidence.share_above_peers" on a pipeline job before)."""
     import math
 
-    import detectors.engine as engine
+    import vigil_gpu_monitor.detectors.engine as engine
 
     findings = []
     real = engine.find_stragglers

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from contracts.config import Config, load
+from vigil_gpu_monitor.contracts.config import Config, load
 
 
 def _reachable(hostport: str) -> bool:

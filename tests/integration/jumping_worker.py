@@ -15,10 +15,10 @@ from pathlib import Path
 import faust
 from prometheus_client import start_http_server
 
-from contracts import topics
-from contracts.config import load
-from streams.app import build_app
-from streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.streams.app import build_app
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 
 
 def main() -> None:

@@ -12,12 +12,12 @@ from typing import Any
 import redis
 from kafka import KafkaConsumer, KafkaProducer
 
-from contracts import topics
-from contracts.codec import decode_detection, encode_sample
-from contracts.config import Config, load
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
-VIGIL = [sys.executable, "-m", "vigil.cli"]
+VIGIL = [sys.executable, "-m", "vigil_gpu_monitor"]
 
 
 def publish(cfg: Config, samples: list[dict[str, Any]], raw: list[bytes] | None = None) -> None:
@@ -65,9 +65,9 @@ def pipeline_through(env: dict[str, str], node: str, gpu: str, start: float,
     of ``env``: one 4-node job whose GPU ``gpu`` of ``node`` slows down. Returns the
     (node, gpu) of the incidents open in Redis; asserts the publisher lost nothing and
     the worker's detections name that GPU alone."""
-    from alerting.state import LiveState
-    from producers.publisher import BufferedPublisher
-    from simulator.cluster import Cluster, Fault, JobSpec, Simulator
+    from vigil_gpu_monitor.alerting.state import LiveState
+    from vigil_gpu_monitor.producers.publisher import BufferedPublisher
+    from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
     cfg = load(env=env)
     ensure_topics(cfg)

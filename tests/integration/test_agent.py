@@ -11,12 +11,12 @@ import urllib.request
 import pytest
 from kafka import KafkaConsumer
 
-from contracts import topics
-from contracts.catalog import GPU_METRICS
-from contracts.codec import decode_sample
-from contracts.config import Config
 from tests.integration.ports import free_port
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.catalog import GPU_METRICS
+from vigil_gpu_monitor.contracts.codec import decode_sample
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def test_agent_publishes_exposes_metrics_and_flushes_on_sigterm(
     port = free_port()
     env = dict(isolated_env, VIGIL_AGENT_METRICS_PORT=str(port), VIGIL_AGENT_NODE="gpu-node-7",
                VIGIL_AGENT_JOB="job-42")
-    agent = subprocess.Popen([sys.executable, "-m", "vigil.cli", "agent", "--sources",
+    agent = subprocess.Popen([sys.executable, "-m", "vigil_gpu_monitor", "agent", "--sources",
                               "fake-nvml,host"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
     try:

@@ -14,18 +14,18 @@ import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer
 
-from alerting.channels import AlertmanagerChannel
-from alerting.service import Alerter, build_channels
-from alerting.silences import SilenceStore
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import encode_detection
-from contracts.config import Config, load
 from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
 from tests.integration.ports import free_port
-from vigil.ops.kafka_admin import ensure_topics
-from vigil.ops.localstack import debian_binary
+from vigil_gpu_monitor.alerting.channels import AlertmanagerChannel
+from vigil_gpu_monitor.alerting.service import Alerter, build_channels
+from vigil_gpu_monitor.alerting.silences import SilenceStore
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import encode_detection
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.vigil.ops.localstack import debian_binary
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +173,7 @@ def test_silence_ack_and_page_delay(isolated_env: dict[str, str]) -> None:
 
 def test_cli_silence_ack_and_alerts(isolated_env: dict[str, str]) -> None:
     import sys
-    vigil = [sys.executable, "-m", "vigil.cli"]
+    vigil = [sys.executable, "-m", "vigil_gpu_monitor"]
 
     def run(*args: str) -> str:
         return subprocess.run([*vigil, *args], env=isolated_env, check=True, text=True,
@@ -209,7 +209,7 @@ def test_cli_alerts_lists_the_costliest_first(isolated_env: dict[str, str]) -> N
                              ("middle", 3.0, 60)):
         state.apply(dict(costly(ident, lost=lost), detected_at=now - age,
                          summary=f"incident {ident}"))
-    out = subprocess.run([sys.executable, "-m", "vigil.cli", "alerts"], env=isolated_env,
+    out = subprocess.run([sys.executable, "-m", "vigil_gpu_monitor", "alerts"], env=isolated_env,
                          check=True, text=True, capture_output=True, timeout=60).stdout
     rows = [line for line in out.splitlines() if "incident " in line]
     assert [r.split("incident ")[1] for r in rows] == ["dear", "middle", "cheap", "unknown"]
@@ -256,6 +256,6 @@ def test_a_costly_incident_pages_and_its_cost_is_counted(
 def _scrape(alerter: Alerter) -> str:
     from prometheus_client import generate_latest
 
-    from alerting.metrics import alerter_registry
+    from vigil_gpu_monitor.alerting.metrics import alerter_registry
 
     return generate_latest(alerter_registry(alerter)).decode()

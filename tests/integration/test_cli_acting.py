@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import redis
 
-from alerting.silences import SilenceStore
-from alerting.state import LiveState
-from contracts.config import Config
 from tests.vigil.test_cli_conformance import assert_one_line_failure
-from vigil.cli import main
+from vigil_gpu_monitor.alerting.silences import SilenceStore
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.vigil.cli import main
 
 pytestmark = pytest.mark.integration
 

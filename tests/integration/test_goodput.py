@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import redis
 
-from alerting.goodput import DAY, GoodputLedger, rate_of
-from alerting.repair import RepairLog
-from contracts.codec import validate_detection
-from contracts.config import Config
-from contracts.messages import Detection
-from vigil.evaluation.stepcheck import simulate
+from vigil_gpu_monitor.alerting.goodput import DAY, GoodputLedger, rate_of
+from vigil_gpu_monitor.alerting.repair import RepairLog
+from vigil_gpu_monitor.contracts.codec import validate_detection
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.messages import Detection
+from vigil_gpu_monitor.vigil.evaluation.stepcheck import simulate
 
 pytestmark = pytest.mark.integration
 
@@ -83,16 +83,16 @@ def test_vigil_goodput_prints_the_ledger(isolated_env: dict[str, str],
     now = time.time()
     for det in _hang(now - 7200, now - 3600):
         ledger.apply(det)
-    run = subprocess.run([sys.executable, "-m", "vigil.cli", "goodput", "--since", "1d",
+    run = subprocess.run([sys.executable, "-m", "vigil_gpu_monitor", "goodput", "--since", "1d",
                           "--json"], env=isolated_env, capture_output=True, text=True,
                          timeout=60, check=True)
     report = json.loads(run.stdout)
     assert report["total"] == pytest.approx(64.0) and report["kind"] == {
         "hang": pytest.approx(64.0)}
-    text = subprocess.run([sys.executable, "-m", "vigil.cli", "goodput", "--since", "2w"],
+    text = subprocess.run([sys.executable, "-m", "vigil_gpu_monitor", "goodput", "--since", "2w"],
                           env=isolated_env, capture_output=True, text=True, timeout=60)
     assert text.returncode == 0 and "GPU-hours lost: 64.0 (fleet)" in text.stdout
-    bad = subprocess.run([sys.executable, "-m", "vigil.cli", "goodput", "--since", "soon"],
+    bad = subprocess.run([sys.executable, "-m", "vigil_gpu_monitor", "goodput", "--since", "soon"],
                          env=isolated_env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--since 'soon'" in bad.stderr and "Traceback" not in (
         bad.stderr)

@@ -17,17 +17,17 @@ import pytest
 import redis
 from kafka import KafkaProducer
 
-from alerting.remediation import audit_log
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import decode_detection, encode_sample
-from contracts.config import load
-from contracts.identity import Signer, node_key
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import VIGIL, read_topic, start_worker
 from tests.integration.ports import free_port
 from tests.integration.scrape import metric
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.alerting.remediation import audit_log
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.contracts.identity import Signer, node_key
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 START = 1_860_000_000.0
@@ -119,10 +119,10 @@ def test_the_alerter_believes_a_gpu_swap_only_from_the_node_itself(
     import dataclasses
     import time
 
-    from alerting.repair import RepairLog
-    from alerting.service import Alerter
-    from contracts.config import IdentityConfig, Secret
     from tests.integration.test_remediation import health
+    from vigil_gpu_monitor.alerting.repair import RepairLog
+    from vigil_gpu_monitor.alerting.service import Alerter
+    from vigil_gpu_monitor.contracts.config import IdentityConfig, Secret
 
     cfg = dataclasses.replace(
         isolated_cfg,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from alerting.state import LiveState
-from contracts.config import Config
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts.config import Config
 
 pytestmark = pytest.mark.integration
 

@@ -14,18 +14,23 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from alerting.executors import ExecutorError, SlurmExecutor
-from alerting.remediation import Remediator, audit_log
-from contracts.config import Config, load
-from contracts.messages import Action
-from contracts.names import is_node_name
 from tests.integration.test_repair_slurm import (  # noqa: F401 (fixtures)
     idle_nodes,
     scontrol,
     settled,
     slurm,
 )
-from vigil.ops.slurmstack import node_names, sinfo_states, slurm_binary, slurm_conf_path
+from vigil_gpu_monitor.alerting.executors import ExecutorError, SlurmExecutor
+from vigil_gpu_monitor.alerting.remediation import Remediator, audit_log
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.contracts.messages import Action
+from vigil_gpu_monitor.contracts.names import is_node_name
+from vigil_gpu_monitor.vigil.ops.slurmstack import (
+    node_names,
+    sinfo_states,
+    slurm_binary,
+    slurm_conf_path,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 
-from contracts import SAMPLE_SCHEMA, topics
-from contracts.codec import decode_sample
-from contracts.config import Config
-from producers.publisher import BufferedPublisher
-from producers.spool import DiskSpool
-from vigil.ops import localstack
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts import SAMPLE_SCHEMA, topics
+from vigil_gpu_monitor.contracts.codec import decode_sample
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.producers.publisher import BufferedPublisher
+from vigil_gpu_monitor.producers.spool import DiskSpool
+from vigil_gpu_monitor.vigil.ops import localstack
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 

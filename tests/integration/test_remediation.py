@@ -14,15 +14,15 @@ import pytest
 import redis
 from kafka import KafkaConsumer
 
-from alerting.executors import CommandExecutor, SlurmExecutor
-from alerting.remediation import Remediator, audit_log, plan
-from alerting.repair import RepairLog
-from alerting.service import build_remediator
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import validate_detection
-from contracts.config import AlerterConfig, Config, load
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.alerting.executors import CommandExecutor, SlurmExecutor
+from vigil_gpu_monitor.alerting.remediation import Remediator, audit_log, plan
+from vigil_gpu_monitor.alerting.repair import RepairLog
+from vigil_gpu_monitor.alerting.service import build_remediator
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import validate_detection
+from vigil_gpu_monitor.contracts.config import AlerterConfig, Config, load
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 T0 = 1_900_000_000.0

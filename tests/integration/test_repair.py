@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 import redis
 
-from alerting.executors import CheckResult, Hold
-from alerting.remediation import Remediator, audit_log, plan
-from alerting.repair import RepairLog, TransitionRefused, repair_done
-from alerting.router import Route, Router
-from alerting.silences import SilenceStore
-from contracts.codec import validate_detection
-from contracts.config import AlerterConfig, Config
-from contracts.messages import Action, Detection
 from tests.integration.test_remediation import health
+from vigil_gpu_monitor.alerting.executors import CheckResult, Hold
+from vigil_gpu_monitor.alerting.remediation import Remediator, audit_log, plan
+from vigil_gpu_monitor.alerting.repair import RepairLog, TransitionRefused, repair_done
+from vigil_gpu_monitor.alerting.router import Route, Router
+from vigil_gpu_monitor.alerting.silences import SilenceStore
+from vigil_gpu_monitor.contracts.codec import validate_detection
+from vigil_gpu_monitor.contracts.config import AlerterConfig, Config
+from vigil_gpu_monitor.contracts.messages import Action, Detection
 
 pytestmark = pytest.mark.integration
 T0 = 1_900_000_000.0
@@ -211,7 +211,7 @@ def test_load_imbalance_and_slowdown_are_never_acted_on_or_paged(isolated_cfg: C
 def test_metrics_count_nodes_out_and_repair_time(isolated_cfg: Config) -> None:
     from types import SimpleNamespace
 
-    from alerting.metrics import repair_metrics
+    from vigil_gpu_monitor.alerting.metrics import repair_metrics
 
     rem, ex, repairs, _ = setup(isolated_cfg, repair_evidence_seconds=0)
     past = 1_700_000_000.0  # before the scrape: the node has been out since then

@@ -20,16 +20,16 @@ import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer
 
-from alerting.remediation import audit_log
-from alerting.repair import RepairLog
-from alerting.service import Alerter
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import encode_detection
-from contracts.config import Config, load
-from contracts.errors import VigilError
-from vigil.ops.kafka_admin import ensure_topics
-from vigil.ops.slurmstack import (
+from vigil_gpu_monitor.alerting.remediation import audit_log
+from vigil_gpu_monitor.alerting.repair import RepairLog
+from vigil_gpu_monitor.alerting.service import Alerter
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import encode_detection
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.contracts.errors import VigilError
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.vigil.ops.slurmstack import (
     node_names,
     sinfo_states,
     slurm_binary,
@@ -40,7 +40,7 @@ from vigil.ops.slurmstack import (
 )
 
 pytestmark = pytest.mark.integration
-VIGIL = [sys.executable, "-m", "vigil.cli"]
+VIGIL = [sys.executable, "-m", "vigil_gpu_monitor"]
 
 
 @pytest.fixture(scope="session")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from alerting.router import Route, Router
-from alerting.silences import SilenceStore
-from contracts.config import Config
 from tests.alerting.test_delivery import det
+from vigil_gpu_monitor.alerting.router import Route, Router
+from vigil_gpu_monitor.alerting.silences import SilenceStore
+from vigil_gpu_monitor.contracts.config import Config
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,11 @@ import pytest
 import redis
 from kafka import KafkaProducer
 
-from contracts import topics
-from contracts.codec import encode_detection
-from contracts.config import Config
 from tests.alerting.test_delivery import det
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import encode_detection
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def test_secrets_stay_out_of_logs(isolated_env: dict[str, str], isolated_cfg: Co
     producer.flush()
     producer.close()
     try:
-        runs = [subprocess.run([sys.executable, "-m", "vigil.cli", "-v", *args], env=env,
+        runs = [subprocess.run([sys.executable, "-m", "vigil_gpu_monitor", "-v", *args], env=env,
                                capture_output=True, text=True, timeout=120)
                 for args in (["alerter", "--max-seconds", "12"], ["config"])]
     finally:

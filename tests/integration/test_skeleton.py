@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import decode_detection
-from contracts.config import Config
-from contracts.status import decode_status
 from tests.integration.kafka_helpers import read_topic
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.status import decode_status
 
 pytestmark = pytest.mark.integration
-VIGIL = [sys.executable, "-m", "vigil.cli"]
+VIGIL = [sys.executable, "-m", "vigil_gpu_monitor"]
 
 
 def test_injected_slow_gpu_reaches_redis(isolated_env: dict[str, str], isolated_cfg: Config,

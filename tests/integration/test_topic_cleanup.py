@@ -8,8 +8,8 @@ import time
 import pytest
 from kafka.admin import KafkaAdminClient
 
-from contracts.config import Config, load
-from vigil.ops.kafka_admin import delete_topics_starting, ensure_topics
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.vigil.ops.kafka_admin import delete_topics_starting, ensure_topics
 
 pytestmark = pytest.mark.integration
 

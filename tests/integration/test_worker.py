@@ -17,13 +17,13 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from kafka import KafkaConsumer
 
-from contracts import topics
-from contracts.codec import decode_detection
-from contracts.config import Config
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
 from tests.integration.ports import free_port
 from tests.integration.scrape import metric
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 pytestmark = pytest.mark.integration
 START = 1_850_000_000.0

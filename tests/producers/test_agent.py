@@ -8,14 +8,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS
-from contracts.codec import encode_sample
-from producers.agent import Agent
-from producers.attribution import SlurmJob, StaticJob
-from producers.nvml import NvmlSource
-from producers.nvml_fake import FakeNvml
-from producers.reading import Reading
-from producers.sampler import AdaptiveSampler, SamplingConfig
+from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS
+from vigil_gpu_monitor.contracts.codec import encode_sample
+from vigil_gpu_monitor.producers.agent import Agent
+from vigil_gpu_monitor.producers.attribution import SlurmJob, StaticJob
+from vigil_gpu_monitor.producers.nvml import NvmlSource
+from vigil_gpu_monitor.producers.nvml_fake import FakeNvml
+from vigil_gpu_monitor.producers.reading import Reading
+from vigil_gpu_monitor.producers.sampler import AdaptiveSampler, SamplingConfig
 
 
 class ListSink:
@@ -106,13 +106,13 @@ def test_an_out_of_range_reading_is_dropped_counted_and_the_rest_published(
         caplog: Any) -> None:
     from prometheus_client import generate_latest
 
-    from producers.metrics import agent_registry
+    from vigil_gpu_monitor.producers.metrics import agent_registry
 
     sink = ListSink()
     clock = iter(range(1000))
     agent = Agent("n1", {"s": Sentinel(140737488355328.0)}, sink, None, StaticJob("j"),
                   monotonic=lambda: float(next(clock)))
-    with caplog.at_level("WARNING", logger="producers.agent"):
+    with caplog.at_level("WARNING", logger="vigil_gpu_monitor.producers.agent"):
         for _ in range(3):
             agent.tick()
     assert len(sink.samples) == 3 and not agent.errors  # every tick published

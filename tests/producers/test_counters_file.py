@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from producers.dcgm import DCGM_FIELDS, READ_FIELDS
+from vigil_gpu_monitor.producers.dcgm import DCGM_FIELDS, READ_FIELDS
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "dcgm-exporter"
 CSV = DEPLOY / "vigil-counters.csv"

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from contracts.codec import decode_sample, encode_sample
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from producers.agent import Agent
-from producers.attribution import StaticJob
-from producers.dcgm import PROFILING_FIELDS, DcgmExporterSource, parse
-from producers.sampler import AdaptiveSampler, SamplingConfig
+from vigil_gpu_monitor.contracts.codec import decode_sample, encode_sample
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.producers.agent import Agent
+from vigil_gpu_monitor.producers.attribution import StaticJob
+from vigil_gpu_monitor.producers.dcgm import PROFILING_FIELDS, DcgmExporterSource, parse
+from vigil_gpu_monitor.producers.sampler import AdaptiveSampler, SamplingConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dcgm"
 V33 = (FIXTURES / "dcgm-exporter-3.3-default.prom").read_text()
@@ -136,13 +136,13 @@ def test_unreachable_and_unparsable_scrapes_are_counted_and_logged_once(
         raise ConnectionRefusedError("nobody home")
 
     source = DcgmExporterSource("http://127.0.0.1:1/metrics", fetch=refuse)
-    with caplog.at_level(logging.WARNING, logger="producers.dcgm"):
+    with caplog.at_level(logging.WARNING, logger="vigil_gpu_monitor.producers.dcgm"):
         assert source.read(1.0).gpus == {} and source.read(2.0).gpus == {}
     assert source.errors["unreachable"] == 2
     assert len([r for r in caplog.records if "unreachable" in r.message]) == 1
     # one broken line costs that line: the page's other GPU is read, the skip counted
     broken = _source(['DCGM_FI_DEV_GPU_TEMP{gpu="0" 51\nDCGM_FI_DEV_GPU_TEMP{gpu="1"} 52\n'] * 2)
-    with caplog.at_level(logging.WARNING, logger="producers.dcgm"):
+    with caplog.at_level(logging.WARNING, logger="vigil_gpu_monitor.producers.dcgm"):
         assert broken.read(1.0).gpus == {"1": {"temperature": 52.0, "xid": 0.0}}
         broken.read(2.0)
     assert broken.skipped == {("DCGM_FI_DEV_GPU_TEMP", "unparsable"): 2}
@@ -154,7 +154,7 @@ def test_unreachable_and_unparsable_scrapes_are_counted_and_logged_once(
 def test_missing_profiling_fields_warn_once_naming_them_and_the_fix(
         caplog: pytest.LogCaptureFixture) -> None:
     source = _source([V33] * 5 + [V42, V33])
-    with caplog.at_level(logging.WARNING, logger="producers.dcgm"):
+    with caplog.at_level(logging.WARNING, logger="vigil_gpu_monitor.producers.dcgm"):
         for t in range(5):
             reading = source.read(float(t))
             assert "sm_active" not in reading.gpus["0"]  # absent, not zero
@@ -162,7 +162,7 @@ def test_missing_profiling_fields_warn_once_naming_them_and_the_fix(
     assert len(warnings) == 1
     assert all(f in warnings[0] for f in PROFILING_FIELDS) and "counters CSV" in warnings[0]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="producers.dcgm"):
+    with caplog.at_level(logging.WARNING, logger="vigil_gpu_monitor.producers.dcgm"):
         source.read(5.0)  # the exporter was fixed: nothing to say
         source.read(6.0)  # and broke again: one more warning
     assert len(caplog.records) == 1

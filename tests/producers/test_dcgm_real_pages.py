@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from contracts.codec import decode_sample, encode_sample
-from producers.agent import Agent
-from producers.attribution import StaticJob
-from producers.dcgm import INT32_BLANK, DcgmExporterSource
-from producers.sampler import AdaptiveSampler, SamplingConfig
+from vigil_gpu_monitor.contracts.codec import decode_sample, encode_sample
+from vigil_gpu_monitor.producers.agent import Agent
+from vigil_gpu_monitor.producers.attribution import StaticJob
+from vigil_gpu_monitor.producers.dcgm import INT32_BLANK, DcgmExporterSource
+from vigil_gpu_monitor.producers.sampler import AdaptiveSampler, SamplingConfig
 
 REAL = Path(__file__).parent / "fixtures" / "dcgm" / "real"
 

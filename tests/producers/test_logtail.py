@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.steps import validate_step_batch
-from producers.logtail import PATTERNS, LogPattern, LogTail, StepLineParser
+from vigil_gpu_monitor.contracts.steps import validate_step_batch
+from vigil_gpu_monitor.producers.logtail import PATTERNS, LogPattern, LogTail, StepLineParser
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from contracts.catalog import GPU_METRICS
-from producers.nvml import NVML_NAMES, NvmlSource
-from producers.nvml_fake import FakeNvml, busy_training
+from vigil_gpu_monitor.contracts.catalog import GPU_METRICS
+from vigil_gpu_monitor.producers.nvml import NVML_NAMES, NvmlSource
+from vigil_gpu_monitor.producers.nvml_fake import FakeNvml, busy_training
 
 
 def test_every_nvml_name_the_source_uses_exists_in_nvidia_ml_py() -> None:

@@ -14,7 +14,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.podresources import (
+from vigil_gpu_monitor.producers.podresources import (
     LIST_METHOD,
     KubeletJob,
     WireError,

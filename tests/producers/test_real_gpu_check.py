@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from contracts.codec import encode_sample
-from producers.agent import Agent
-from producers.attribution import StaticJob
-from producers.nvml import NvmlSource
-from producers.nvml_fake import FakeNvml
 from tests.real_gpu import real_gpu_check
+from vigil_gpu_monitor.contracts.codec import encode_sample
+from vigil_gpu_monitor.producers.agent import Agent
+from vigil_gpu_monitor.producers.attribution import StaticJob
+from vigil_gpu_monitor.producers.nvml import NvmlSource
+from vigil_gpu_monitor.producers.nvml_fake import FakeNvml
 
 T0 = 1_790_000_000.0
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from contracts.codec import decode_trace
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
 from tests.real_gpu import real_gpu_check
+from vigil_gpu_monitor.contracts.codec import decode_trace
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
 
 FIXTURE = Path(__file__).parent / "fixtures" / "real_gpu_h100"
 STALL = Path(__file__).parent / "fixtures" / "real_gpu_h100_stall"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.catalog import Scope
-from producers.sampler import AdaptiveSampler, SamplingConfig
+from vigil_gpu_monitor.contracts.catalog import Scope
+from vigil_gpu_monitor.producers.sampler import AdaptiveSampler, SamplingConfig
 
 CFG = SamplingConfig(base_interval=1.0, max_interval=16.0)
 
@@ -119,7 +119,7 @@ def test_the_same_xid_code_twice_in_a_row_is_published_twice() -> None:
 
 def test_a_gpus_activity_counters_are_published_together_over_one_span() -> None:
     """Work per busy second is a ratio of two counters: both must cover one span."""
-    from producers.sampler import TOGETHER, AdaptiveSampler, SamplingConfig
+    from vigil_gpu_monitor.producers.sampler import TOGETHER, AdaptiveSampler, SamplingConfig
 
     sampler = AdaptiveSampler(SamplingConfig())
     spans = []

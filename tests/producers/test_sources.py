@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.host import HostSource
-from producers.infiniband import InfinibandSource
+from vigil_gpu_monitor.producers.host import HostSource
+from vigil_gpu_monitor.producers.infiniband import InfinibandSource
 
 
 def _port(root: Path, dev: str, port: str, counters: dict[str, int], rate: str,

@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.spool import DiskSpool
+from vigil_gpu_monitor.producers.spool import DiskSpool
 
 
 def _drain(spool: DiskSpool) -> list[bytes]:

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from contracts import topics
-from contracts.codec import decode_detection
-from contracts.config import Config
-from detectors.engine import ReplayRunner
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 pytestmark = pytest.mark.integration
 START = 1_893_000_000.0

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts import topics
-from contracts.codec import MAX_MESSAGE_BYTES, DroppedReading, encode_sample
-from contracts.config import Config
-from contracts.errors import ContractError
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from streams.decode import decode_sample_fast
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import MAX_MESSAGE_BYTES, DroppedReading, encode_sample
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.streams.decode import decode_sample_fast
 
 START = 1_870_000_000.0
 

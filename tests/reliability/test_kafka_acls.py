@@ -18,15 +18,15 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
 
-from contracts import topics
-from contracts.codec import decode_detection, encode_detection
-from contracts.config import load
-from producers.publisher import BufferedPublisher
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import VIGIL, read_topic, start_worker
 from tests.integration.ports import free_port
-from vigil.ops import kafka_acls, localstack
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection, encode_detection
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.producers.publisher import BufferedPublisher
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.ops import kafka_acls, localstack
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 START = 1_897_000_000.0
@@ -167,4 +167,5 @@ def test_each_role_with_its_own_principal_runs_the_pipeline(admin_env: dict[str,
 def test_the_deploy_script_is_the_table() -> None:
     script = Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "acls.sh"
     assert script.read_text() == kafka_acls.script(load(env={})), (
-        "deploy/kafka/acls.sh is stale: python -m vigil.ops.kafka_acls > deploy/kafka/acls.sh")
+        "deploy/kafka/acls.sh is stale: "
+        "python -m vigil_gpu_monitor.vigil.ops.kafka_acls > deploy/kafka/acls.sh")

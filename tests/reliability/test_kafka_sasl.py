@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import Config, load
 from tests.integration.kafka_helpers import pipeline_through, refused
 from tests.integration.ports import free_port
-from vigil.ops import localstack
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.vigil.ops import localstack
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 START = 1_895_000_000.0

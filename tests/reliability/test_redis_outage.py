@@ -10,15 +10,15 @@ import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer
 
-from alerting.service import Alerter, build_channels
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import encode_detection
-from contracts.config import Config, load
 from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
-from vigil.ops import localstack
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.alerting.service import Alerter, build_channels
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import encode_detection
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.vigil.ops import localstack
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 OUTAGE_SECONDS = 60.0

@@ -16,13 +16,13 @@ import pytest
 import redis
 from kafka import KafkaProducer
 
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import encode_detection
-from contracts.config import load
 from tests.integration.ports import free_port
-from vigil.ops.kafka_admin import ensure_topics
-from vigil.ops.localstack import debian_binary, tls_files
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import encode_detection
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.vigil.ops.localstack import debian_binary, tls_files
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,8 @@ def test_the_alerter_keeps_its_state_over_tls_with_auth(tls_redis: tuple[str, st
                   value=encode_detection(det))  # type: ignore[arg-type]
     producer.flush()
     producer.close()
-    done = subprocess.run([sys.executable, "-m", "vigil.cli", "alerter", "--max-seconds", "10"],
+    done = subprocess.run([sys.executable, "-m", "vigil_gpu_monitor", "alerter",
+                           "--max-seconds", "10"],
                           env=env, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-2000:]
     assert password not in done.stdout + done.stderr

@@ -16,16 +16,16 @@ from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.errors import KafkaError
 
-from contracts import topics
-from contracts.codec import decode_detection, decode_sample
-from contracts.config import Config, load
-from contracts.errors import ConfigError
-from producers.publisher import BufferedPublisher
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import start_worker
 from tests.integration.ports import free_port
-from vigil.ops import localstack
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection, decode_sample
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.contracts.errors import ConfigError
+from vigil_gpu_monitor.producers.publisher import BufferedPublisher
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.ops import localstack
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 START = 1_896_000_000.0

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from contracts import topics
-from contracts.codec import decode_detection
-from contracts.config import Config
-from producers.publisher import BufferedPublisher
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from tests.integration.kafka_helpers import publish, read_topic, start_worker
-from vigil.ops import localstack
-from vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.producers.publisher import BufferedPublisher
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.ops import localstack
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 START = 1_890_000_000.0

@@ -20,18 +20,18 @@ import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer
 
-from alerting.service import Alerter, build_channels
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import encode_detection, encode_sample
-from contracts.config import Config, load
-from simulator.cluster import Cluster, JobSpec, Simulator
 from tests.alerting.http_recorder import Recorder
 from tests.alerting.test_delivery import det
 from tests.integration.kafka_helpers import start_worker
 from tests.integration.ports import free_port
 from tests.integration.scrape import metric
-from vigil.ops.kafka_admin import delete_topics_starting, ensure_topics
+from vigil_gpu_monitor.alerting.service import Alerter, build_channels
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import encode_detection, encode_sample
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.simulator.cluster import Cluster, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.ops.kafka_admin import delete_topics_starting, ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
 SOAK = float(os.environ.get("SOAK_SECONDS", "600"))

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from contracts.codec import validate_sample
-from simulator.cluster import JOB_KINDS, Cluster, Fault, JobSpec, Simulator
-from simulator.envelope import RANGES, Envelope, EnvelopeError, draw
+from vigil_gpu_monitor.contracts.codec import validate_sample
+from vigil_gpu_monitor.simulator.cluster import JOB_KINDS, Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.simulator.envelope import RANGES, Envelope, EnvelopeError, draw
 
 T0 = 1_840_000_000.0
 ENV = Envelope(nccl_channels=24, util_period=1 / 6, power_limit=700.0, compute_watts=950.0,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil.evaluation.physics import CLASSES, START, physics_suite
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.evaluation.physics import CLASSES, START, physics_suite
 
 T0 = 1_830_000_000.0
 

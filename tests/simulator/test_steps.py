@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import statistics
 
-from contracts.steps import validate_step_batch
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from simulator.steps import StepTimings
+from vigil_gpu_monitor.contracts.steps import validate_step_batch
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.simulator.steps import StepTimings
 
 T0 = 1_700_000_000.0
 NODES = ["a", "b", "c"]

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 from faust.types import TP
 
-from contracts.config import load
-from streams.app import PerBatchMonitor, build_app
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.streams.app import PerBatchMonitor, build_app
 
 
 def test_a_batch_marks_its_partitions_as_being_processed() -> None:

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from contracts.config import DetectConfig
-from detectors.engine import JobEngine, ReplayRunner
-from simulator.cluster import Cluster, Simulator
-from streams.state_codec import decode_state, encode_state
 from tests.reliability.test_crash_equals_replay import FAULTS, JOBS, SECONDS, START
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import JobEngine, ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Simulator
+from vigil_gpu_monitor.streams.state_codec import decode_state, encode_state
 
 Key = tuple[str, str, str, float]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import faust
 from faust.types import TP
 
-from streams.continuity import clamp_commits
-from streams.offsets import OffsetGuard
+from vigil_gpu_monitor.streams.continuity import clamp_commits
+from vigil_gpu_monitor.streams.offsets import OffsetGuard
 
 SAMPLES = "t.vigil.samples"
 

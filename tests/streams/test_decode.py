@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.codec import ContractError, DroppedReading, decode_sample
-from streams.decode import decode_sample_fast
 from tests.contracts.test_codec import BAD_SAMPLES, SAMPLE, _mutate
+from vigil_gpu_monitor.contracts.codec import ContractError, DroppedReading, decode_sample
+from vigil_gpu_monitor.streams.decode import decode_sample_fast
 
 RAW_CASES = [b'{"schema": ', b'{"ts": NaN}', b'{"ts": -Infinity}', b"\xff\xfe", b"[]",
              b"[" * 100000 + b"]" * 100000, b" " * (600 << 10), b'"text"', b"",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.offsets import OffsetGuard, Verdict
+from vigil_gpu_monitor.streams.offsets import OffsetGuard, Verdict
 
 
 class Clock:

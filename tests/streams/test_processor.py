@@ -9,12 +9,12 @@ from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.codec import decode_detection, encode_sample
-from contracts.config import Config
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from streams.metrics import WorkerMetrics
-from streams.processor import BatchProcessor
-from streams.state_codec import decode_state
+from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.streams.processor import BatchProcessor
+from vigil_gpu_monitor.streams.state_codec import decode_state
 
 START = 1_898_000_000.0
 
@@ -212,8 +212,8 @@ def test_with_identity_on_only_proven_samples_reach_the_detectors() -> None:
     """identity.verify: a sample naming a node whose key did not sign it (another
     node's key, none, an unknown key id) is dead-lettered with its reason; the
     node's own signed samples are detected on as before (issue #49)."""
-    from contracts.config import IdentityConfig, Secret
-    from contracts.identity import Signer, node_key
+    from vigil_gpu_monitor.contracts.config import IdentityConfig, Secret
+    from vigil_gpu_monitor.contracts.identity import Signer, node_key
 
     master = bytes(range(32))
     cfg = Config(identity=IdentityConfig(verify=True, master_keys=Secret(f"k1={master.hex()}")))

@@ -8,10 +8,10 @@ import zlib
 
 import orjson
 
-from contracts.config import DetectConfig
-from detectors.engine import JobEngine
-from simulator.cluster import Cluster, JobSpec, Simulator
-from streams.state_codec import decode_state, encode_state
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import JobEngine
+from vigil_gpu_monitor.simulator.cluster import Cluster, JobSpec, Simulator
+from vigil_gpu_monitor.streams.state_codec import decode_state, encode_state
 
 START = 1_897_000_000.0
 

@@ -8,7 +8,7 @@ import time
 import faust
 import pytest
 
-from streams import worker as worker_module
+from vigil_gpu_monitor.streams import worker as worker_module
 
 
 def test_a_stop_that_outlives_its_deadline_exits_hard(monkeypatch: pytest.MonkeyPatch,

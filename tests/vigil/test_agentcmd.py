@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.config import load
-from contracts.errors import ConfigError
-from vigil.agentcmd import sampling_config
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.contracts.errors import ConfigError
+from vigil_gpu_monitor.vigil.agentcmd import sampling_config
 
 
 def test_moneo_thresholds_are_configuration_with_moneos_defaults() -> None:
@@ -28,7 +28,7 @@ def test_an_agent_whose_node_is_not_one_host_name_refuses_to_start(node: str) ->
     """Every sample would be refused (issue #49): the agent says why at start."""
     import argparse
 
-    from vigil.agentcmd import run
+    from vigil_gpu_monitor.vigil.agentcmd import run
 
     with pytest.raises(ConfigError, match="RFC 1123 host name"):
         run(load(env={"VIGIL_AGENT_NODE": node}), argparse.Namespace())

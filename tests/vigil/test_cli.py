@@ -9,9 +9,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from contracts import schema_gen
-from vigil import cli
-from vigil.cli import main
+from vigil_gpu_monitor.contracts import schema_gen
+from vigil_gpu_monitor.vigil import cli
+from vigil_gpu_monitor.vigil.cli import main
 
 
 def test_simulate_then_replay_prints_valid_detections(tmp_path: Path,
@@ -70,10 +70,11 @@ def test_terminal_commands_hide_client_libraries_info_logs(command: str,
         cli.configure_logging(command, verbose=False)
         assert logging.getLogger("kafka.conn").isEnabledFor(logging.INFO) is client_info
         assert logging.getLogger("aiokafka").isEnabledFor(logging.INFO) is client_info
-        assert logging.getLogger("vigil.views.report").isEnabledFor(logging.INFO)  # our own stay
+        own = logging.getLogger("vigil_gpu_monitor.vigil.views.report")
+        assert own.isEnabledFor(logging.INFO)  # our own stay
         cli.configure_logging(command, verbose=True)
         assert logging.getLogger("kafka.conn").isEnabledFor(logging.DEBUG)
-        assert logging.getLogger("vigil.views.report").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("vigil_gpu_monitor.vigil.views.report").isEnabledFor(logging.DEBUG)
     finally:
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
@@ -87,14 +88,14 @@ def test_a_missing_extra_is_a_clear_error(capsys: pytest.CaptureFixture[str],
     def needs_redis(cfg: object, args: object) -> int:
         raise ModuleNotFoundError("No module named 'redis'", name="redis")
 
-    from vigil import commands
+    from vigil_gpu_monitor.vigil import commands
     monkeypatch.setattr(commands, "alerts", needs_redis)
     assert cli.main(["alerts"]) == 2
     assert "pip install 'vigil-gpu-monitor[alerter]'" in capsys.readouterr().err
 
 
 def test_simulate_paces_kafka_samples_in_event_time() -> None:
-    from vigil.commands import paced
+    from vigil_gpu_monitor.vigil.commands import paced
 
     now = [0.0]
     slept: list[float] = []

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from vigil import cli
-from vigil.cli import build_parser, main
+from vigil_gpu_monitor.vigil import cli
+from vigil_gpu_monitor.vigil.cli import build_parser, main
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ [\w.]+: ")
 TRACE = "t.jsonl"  # a valid trace, made once per module in the working directory
@@ -290,7 +290,7 @@ def test_a_bug_is_one_line_and_its_traceback_needs_debug(in_workdir: Path,
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str],
                                                          ) -> None:
-    from vigil import commands
+    from vigil_gpu_monitor.vigil import commands
 
     def broken(cfg: object, args: object) -> int:
         raise KeyError("boom")
@@ -305,7 +305,7 @@ def test_a_bug_is_one_line_and_its_traceback_needs_debug(in_workdir: Path,
 
 def test_version_and_help_with_a_default_for_every_option(capsys: pytest.CaptureFixture[str],
                                                           ) -> None:
-    from vigil import __version__
+    from vigil_gpu_monitor.vigil import __version__
 
     with pytest.raises(SystemExit) as done:
         main(["--version"])
@@ -346,7 +346,7 @@ def test_as_processes(workdir: Path) -> None:
     for argv, extra, names in PROCESSES:  # side by side: one interpreter start in all
         port = _closed_port()
         procs.append((subprocess.Popen(
-            [sys.executable, "-m", "vigil.cli", *argv], cwd=workdir, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "vigil_gpu_monitor", *argv], cwd=workdir, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
             env={**env, **{k: v.format(port=port) for k, v in extra.items()}}), names))
     for proc, names in procs:

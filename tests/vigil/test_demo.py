@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import DetectConfig
-from detectors.engine import ReplayRunner
-from vigil.evaluation.demo import (
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.vigil.evaluation.demo import (
     DURATION,
     HISTORY,
     SCHEDULE,
@@ -57,9 +57,9 @@ def test_the_closing_lines_run_after_the_demo(tmp_path: Path, monkeypatch: pytes
     stopped (here on a short trace of the same jobs, written the way the demo writes)."""
     import shlex
 
-    from contracts.config import load
-    from vigil import evaluation
-    from vigil.cli import main
+    from vigil_gpu_monitor.contracts.config import load
+    from vigil_gpu_monitor.vigil import evaluation
+    from vigil_gpu_monitor.vigil.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(evaluation.demo, "HISTORY", 0.0)

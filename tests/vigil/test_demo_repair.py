@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from alerting.remediation import plan
-from contracts.config import Config, load
-from detectors.engine import ReplayRunner
-from vigil.evaluation import demo_repair
-from vigil.evaluation.demo_repair import (
+from vigil_gpu_monitor.alerting.remediation import plan
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.vigil.evaluation import demo_repair
+from vigil_gpu_monitor.vigil.evaluation.demo_repair import (
     GPU,
     HISTORY,
     SAMPLES,
@@ -22,7 +22,7 @@ from vigil.evaluation.demo_repair import (
     act_simulator,
     pick_node,
 )
-from vigil.ops.localstack import StackError
+from vigil_gpu_monitor.vigil.ops.localstack import StackError
 
 START = 1_860_000_000.0
 NODES = ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]

@@ -3,9 +3,9 @@ scenario every time."""
 
 from __future__ import annotations
 
-from simulator.cluster import FAULT_KINDS, JOB_KINDS, Simulator
-from simulator.envelope import RANGES
-from vigil.evaluation.envelope import (
+from vigil_gpu_monitor.simulator.cluster import FAULT_KINDS, JOB_KINDS, Simulator
+from vigil_gpu_monitor.simulator.envelope import RANGES
+from vigil_gpu_monitor.vigil.evaluation.envelope import (
     CLASSES,
     HELD_OUT_SEEDS,
     TUNING_SEEDS,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from vigil.evaluation.fleet import KINDS, fleet_job, kind_of, poisson_upper
+from vigil_gpu_monitor.vigil.evaluation.fleet import KINDS, fleet_job, kind_of, poisson_upper
 
 
 def test_poisson_upper_bound_matches_the_known_values() -> None:

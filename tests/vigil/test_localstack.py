@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import load
-from vigil.ops import localstack
+from vigil_gpu_monitor.contracts.config import load
+from vigil_gpu_monitor.vigil.ops import localstack
 
 
 def test_missing_tool_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,7 +50,7 @@ def test_down_only_stops_the_named_services(tmp_path: Path) -> None:
 def test_a_plain_down_stops_the_slurm_that_up_started(tmp_path: Path) -> None:
     """`VIGIL_LOCAL_SLURM=true vigil up`, then `vigil down` without it: Slurm is found by
     its pid files and stopped (here stand-in processes under the Slurm services' names)."""
-    from vigil.ops.slurmstack import slurm_services
+    from vigil_gpu_monitor.vigil.ops.slurmstack import slurm_services
 
     env = {"VIGIL_LOCAL_DATA_DIR": str(tmp_path), "VIGIL_LOCAL_SLURM_NODES": "gpu-01"}
     started = load(env={**env, "VIGIL_LOCAL_SLURM": "true"})
@@ -69,8 +69,8 @@ def test_a_plain_down_stops_the_slurm_that_up_started(tmp_path: Path) -> None:
 
 def test_the_acl_broker_authorizes_every_request_with_the_admin_as_super_user(
         tmp_path: Path) -> None:
-    from contracts.errors import ConfigError
-    from vigil.ops.localstack import Service, _kafka_properties
+    from vigil_gpu_monitor.contracts.errors import ConfigError
+    from vigil_gpu_monitor.vigil.ops.localstack import Service, _kafka_properties
 
     env = {"VIGIL_LOCAL_DATA_DIR": str(tmp_path), "VIGIL_LOCAL_KAFKA_SASL": "true",
            "VIGIL_LOCAL_KAFKA_ACLS": "true", "VIGIL_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.codec import encode_sample
-from contracts.config import DetectConfig
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil import replay_jobs
-from vigil.cli import main
+from vigil_gpu_monitor.contracts.codec import encode_sample
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil import replay_jobs
+from vigil_gpu_monitor.vigil.cli import main
 
 
 def _trace(tmp_path: Path) -> Path:

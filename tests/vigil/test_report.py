@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.codec import encode_sample
-from contracts.config import DetectConfig
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil.views.report import build
-from vigil.views.report_html import render
+from vigil_gpu_monitor.contracts.codec import encode_sample
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.views.report import build
+from vigil_gpu_monitor.vigil.views.report_html import render
 
 START = 1_860_000_000.0
 
@@ -75,7 +75,7 @@ def test_cli_writes_report_from_a_trace_and_refuses_unknown_job(tmp_path: Path) 
     trace = tmp_path / "trace.jsonl"
     trace.write_bytes(b"\n".join(encode_sample(s) for s in samples) + b"\nnot json\n")
     out = tmp_path / "r.html"
-    cli = [sys.executable, "-m", "vigil.cli", "report"]
+    cli = [sys.executable, "-m", "vigil_gpu_monitor", "report"]
     done = subprocess.run([*cli, "rep", "--trace", str(trace), "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from contracts.messages import Detection
-from vigil.views.report_goodput import lost_by_kind
+from vigil_gpu_monitor.contracts.messages import Detection
+from vigil_gpu_monitor.vigil.views.report_goodput import lost_by_kind
 
 T0 = 1_800_000_000.0
 

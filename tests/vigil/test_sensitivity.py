@@ -3,8 +3,14 @@ its scenarios (a tiny subset of bench/bench_envelope.py's run)."""
 
 from __future__ import annotations
 
-from vigil.evaluation.envelope import CLASSES
-from vigil.evaluation.sensitivity import markdown, rows, scenarios, score, summarise
+from vigil_gpu_monitor.vigil.evaluation.envelope import CLASSES
+from vigil_gpu_monitor.vigil.evaluation.sensitivity import (
+    markdown,
+    rows,
+    scenarios,
+    score,
+    summarise,
+)
 
 
 def test_a_tiny_table_has_every_row_and_counts_its_scenarios() -> None:

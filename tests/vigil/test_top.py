@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vigil.views.top import LEVELS, NO_READING, Snapshot, cell, render
+from vigil_gpu_monitor.vigil.views.top import LEVELS, NO_READING, Snapshot, cell, render
 
 
 def _det(job: str, node: str, gpu: str | None, kind: str, at: float,

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.messages import StepBatch
-from contracts.steps import validate_step_batch
-from producers.steps import WitnessReceiver
-from vigil import witness as witness_module
-from vigil.witness import Witness
+from vigil_gpu_monitor.contracts.messages import StepBatch
+from vigil_gpu_monitor.contracts.steps import validate_step_batch
+from vigil_gpu_monitor.producers.steps import WitnessReceiver
+from vigil_gpu_monitor.vigil import witness as witness_module
+from vigil_gpu_monitor.vigil.witness import Witness
 
 
 class ListSink:
@@ -154,7 +154,7 @@ def test_the_agent_command_publishes_what_witnesses_send(tmp_path: Path) -> None
     megatron = Path(__file__).parents[1] / "producers" / "fixtures" / "logs" / (
         "megatron_issue756.log")
     train_log.write_text("")
-    agent = subprocess.Popen([sys.executable, "-m", "vigil.cli", "agent", "--sources",
+    agent = subprocess.Popen([sys.executable, "-m", "vigil_gpu_monitor", "agent", "--sources",
                               "fake-nvml", "--job", "job-7", "--out", str(out), "--ticks", "12",
                               "--witness-socket", path, "--log-tail", str(train_log)])
     try:

@@ -11,14 +11,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.codec import DETECTION_KINDS
-from contracts.config import DetectConfig
-from contracts.messages import Detection
-from detectors.baseline import StaticRules
-from detectors.engine import ReplayRunner
-from producers.sampler import AdaptiveSampler, SamplingConfig
-from simulator.cluster import FAULT_KINDS, JOB_LEVEL_FAULTS, NODE_LEVEL_FAULTS, Simulator
-from vigil.evaluation.scenarios import Scenario, suite
+from vigil_gpu_monitor.contracts.codec import DETECTION_KINDS
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.messages import Detection
+from vigil_gpu_monitor.detectors.baseline import StaticRules
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.producers.sampler import AdaptiveSampler, SamplingConfig
+from vigil_gpu_monitor.simulator.cluster import (
+    FAULT_KINDS,
+    JOB_LEVEL_FAULTS,
+    NODE_LEVEL_FAULTS,
+    Simulator,
+)
+from vigil_gpu_monitor.vigil.evaluation.scenarios import Scenario, suite
 
 SKEW_TOLERANCE = 10.0  # detections may carry node clocks a few seconds early
 

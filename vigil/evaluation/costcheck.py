@@ -16,11 +16,11 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from contracts.config import DetectConfig
-from detectors.cost import ESTIMATE_BINS
-from detectors.engine import ReplayRunner
-from simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
-from vigil.evaluation.benchdetect import matches
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.detectors.cost import ESTIMATE_BINS
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.evaluation.benchdetect import matches
 
 START = 1_800_000_000.0
 FAULT_AT = 120.0

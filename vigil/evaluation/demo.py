@@ -28,21 +28,21 @@ from typing import Any
 import redis
 from kafka import KafkaConsumer
 
-from alerting.cost import lost_per_hour
-from alerting.state import LiveState
-from contracts import topics
-from contracts.codec import decode_detection, encode_sample
-from contracts.config import Config, load
-from contracts.messages import Detection, location
-from detectors.baseline import StaticRules
-from detectors.cost import gpu_hours_lost
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil.evaluation import demo_repair
-from vigil.evaluation.benchdetect import matches
-from vigil.evaluation.costcheck import true_slowdown
-from vigil.ops import localstack
-from vigil.ops.kafka_admin import ensure_topics
-from vigil.views import top
+from vigil_gpu_monitor.alerting.cost import lost_per_hour
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.contracts.messages import Detection, location
+from vigil_gpu_monitor.detectors.baseline import StaticRules
+from vigil_gpu_monitor.detectors.cost import gpu_hours_lost
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.evaluation import demo_repair
+from vigil_gpu_monitor.vigil.evaluation.benchdetect import matches
+from vigil_gpu_monitor.vigil.evaluation.costcheck import true_slowdown
+from vigil_gpu_monitor.vigil.ops import localstack
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.vigil.views import top
 
 DURATION = 115.0
 # The jobs ran this long before the tour starts, and their agents published: Vigil
@@ -98,13 +98,13 @@ def demo_simulator(cluster: Cluster, start: float) -> Simulator:
 
 def _spawn(args: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:  # the child keeps its own descriptor
-        return subprocess.Popen([sys.executable, "-m", "vigil.cli", *args], env=env,
+        return subprocess.Popen([sys.executable, "-m", "vigil_gpu_monitor", *args], env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
 def _publish_realtime(cfg: Config, sim: Simulator, stop: threading.Event) -> None:
     """Send the simulated samples as their time comes (the agents' pace)."""
-    from producers.publisher import KafkaPublisher
+    from vigil_gpu_monitor.producers.publisher import KafkaPublisher
 
     pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
                          **cfg.kafka_client)

@@ -28,14 +28,14 @@ from collections.abc import Callable, Mapping
 
 import redis
 
-from alerting.repair import AWAITING, HELD, IN_SERVICE, RepairLog
-from alerting.state import LiveState
-from contracts import topics
-from contracts.config import Config, load
-from contracts.errors import VigilError
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil.ops.kafka_admin import ensure_topics
-from vigil.ops.slurmstack import (
+from vigil_gpu_monitor.alerting.repair import AWAITING, HELD, IN_SERVICE, RepairLog
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.config import Config, load
+from vigil_gpu_monitor.contracts.errors import VigilError
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
+from vigil_gpu_monitor.vigil.ops.slurmstack import (
     node_names,
     sinfo_states,
     slurm_binary,
@@ -101,7 +101,7 @@ def act_simulator(cluster: Cluster, start: float) -> Simulator:
 
 def _feed(cfg: Config, sim: Simulator, stop: threading.Event) -> None:
     """Send the simulated samples as their time comes (the agents' pace)."""
-    from producers.publisher import KafkaPublisher
+    from vigil_gpu_monitor.producers.publisher import KafkaPublisher
 
     pub = KafkaPublisher(cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
                          **cfg.kafka_client)
@@ -130,7 +130,7 @@ def _show(title: str, argv: list[str], env: Mapping[str, str]) -> str:
 
 def _vigil(env: Mapping[str, str], *args: str) -> str:
     return _show("vigil " + " ".join(f"'{a}'" if " " in a else a for a in args),
-                 [sys.executable, "-m", "vigil.cli", *args], env)
+                 [sys.executable, "-m", "vigil_gpu_monitor", *args], env)
 
 
 def _sinfo(cfg: Config) -> str:
@@ -177,7 +177,7 @@ def start_local_slurm(cfg: Config) -> tuple[Config, bool] | None:
 
 def _spawn(name: str, env: Mapping[str, str], log_path: str) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:  # the child keeps its own descriptor
-        return subprocess.Popen([sys.executable, "-m", "vigil.cli", name], env=dict(env),
+        return subprocess.Popen([sys.executable, "-m", "vigil_gpu_monitor", name], env=dict(env),
                                 stdout=log, stderr=subprocess.STDOUT)
 
 

@@ -32,9 +32,9 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from simulator.cluster import Cluster, Event, Fault, JobSpec
-from simulator.envelope import Envelope, draw
-from vigil.evaluation.scenarios import Scenario
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec
+from vigil_gpu_monitor.simulator.envelope import Envelope, draw
+from vigil_gpu_monitor.vigil.evaluation.scenarios import Scenario
 
 START = 1_860_000_000.0
 FAULT_AT = 150.0

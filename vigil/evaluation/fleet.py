@@ -27,8 +27,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from simulator.cluster import Cluster, Event, JobSpec
-from simulator.envelope import draw
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, JobSpec
+from vigil_gpu_monitor.simulator.envelope import draw
 
 SIZES = (2, 4, 8, 16, 32, 64)
 KINDS = ("data_parallel", "pipeline", "moe_classic", "moe_rotating", "moe_dwell",

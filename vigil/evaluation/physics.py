@@ -47,8 +47,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from simulator.cluster import Cluster, Event, Fault, JobSpec
-from vigil.evaluation.scenarios import Scenario
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec
+from vigil_gpu_monitor.vigil.evaluation.scenarios import Scenario
 
 START = 1_820_000_000.0
 FAULT_AT = 180.0

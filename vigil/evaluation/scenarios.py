@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from simulator.cluster import Cluster, Event, Fault, JobSpec
+from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec
 
 JOB_TYPES = ("data_parallel", "pipeline", "moe")
 FAULTS = ("slow_gpu", "slow_node", "thermal", "nvlink_degraded", "nic_degraded",

@@ -17,11 +17,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contracts.config import DetectConfig
-from simulator.envelope import PARAMETERS, RANGES
-from vigil.evaluation.benchdetect import run_suite
-from vigil.evaluation.envelope import CLASSES, HOT_EXPERT, EnvelopeClass, envelope_suite
-from vigil.evaluation.scenarios import Scenario
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.simulator.envelope import PARAMETERS, RANGES
+from vigil_gpu_monitor.vigil.evaluation.benchdetect import run_suite
+from vigil_gpu_monitor.vigil.evaluation.envelope import (
+    CLASSES,
+    HOT_EXPERT,
+    EnvelopeClass,
+    envelope_suite,
+)
+from vigil_gpu_monitor.vigil.evaluation.scenarios import Scenario
 
 BARRIER_KINDS = ("straggler", "hang", "slowdown")
 HANG_WITHIN = 20.0

@@ -26,11 +26,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.config import DetectConfig
-from contracts.messages import Detection
-from detectors.engine import ReplayRunner
-from simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from simulator.steps import StepTimings
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.messages import Detection
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.simulator.steps import StepTimings
 
 T0 = 1_700_000_000.0
 ONSET = 120.0

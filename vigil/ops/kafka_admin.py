@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownBrokerIdError
 
-from contracts import topics
-from contracts.config import Config
-from contracts.errors import ConfigError
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import ConfigError
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 5

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.config import Config
-from contracts.errors import VigilError
-from vigil.progress import Progress
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import VigilError
+from vigil_gpu_monitor.vigil.progress import Progress
 
 KAFKA_VERSION = "3.9.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -357,7 +357,7 @@ def start_kafka(config: Config, svc: Service, timeout: float = 120.0,
             mechanism, user, password = _scram(config)
             scram = ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
             if config.local.kafka_acls:
-                from vigil.ops.kafka_acls import ROLES, principal, role_password
+                from vigil_gpu_monitor.vigil.ops.kafka_acls import ROLES, principal, role_password
                 for role in ROLES:
                     scram += ["--add-scram", f"{mechanism}=[name={principal(role)},"
                               f"password={role_password(password, role)}]"]
@@ -387,8 +387,8 @@ def _then_acls(config: Config, waiter: Callable[[], None]) -> Callable[[], None]
     """``waiter``, then Vigil's topics created and every role's ACLs written, as the
     admin (the super user)."""
     def wait_then_grant() -> None:
-        from vigil.ops.kafka_acls import apply
-        from vigil.ops.kafka_admin import ensure_topics
+        from vigil_gpu_monitor.vigil.ops.kafka_acls import apply
+        from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
         waiter()
         ensure_topics(config)
         _say(f"kafka: {apply(config)} ACLs for the agent, worker, alerter and reader roles")
@@ -483,7 +483,7 @@ def up(config: Config) -> None:
         _say(f"{name} up on 127.0.0.1:{svc.port} in {time.monotonic() - started:.1f}s "
              f"(log {svc.logfile})")
     if config.local.slurm:
-        from vigil.ops.slurmstack import start_slurm
+        from vigil_gpu_monitor.vigil.ops.slurmstack import start_slurm
         start_slurm(config)
     if not config.manages_kafka:
         _say(f"using external Kafka {config.kafka_bootstrap}")
@@ -497,7 +497,7 @@ def down(config: Config, only: Iterable[str] | None = None) -> None:
     if (wanted is None or "slurm" in wanted) and (config.local.slurm or _slurm_running(config)):
         # by its pid files: a Slurm `VIGIL_LOCAL_SLURM=true vigil up` started is stopped by
         # a plain `vigil down` too
-        from vigil.ops.slurmstack import stop_slurm
+        from vigil_gpu_monitor.vigil.ops.slurmstack import stop_slurm
         stopped = stop_slurm(config)
         _say(f"slurm stopped ({', '.join(stopped)})" if stopped else "slurm was not running")
     for name, svc in services(config).items():
@@ -507,7 +507,7 @@ def down(config: Config, only: Iterable[str] | None = None) -> None:
 
 def _slurm_running(config: Config) -> bool:
     """True when a pid file of the local Slurm names a live process."""
-    from vigil.ops.slurmstack import slurm_services
+    from vigil_gpu_monitor.vigil.ops.slurmstack import slurm_services
     return any(svc.pid() is not None for svc in slurm_services(config).values())
 
 
@@ -525,7 +525,7 @@ def health(config: Config) -> dict[str, str]:
         report[name] = (f"up (pid {pid}, port {svc.port})" if pid and healthy
                         else f"unhealthy (pid {pid})" if pid else "down")
     if config.local.slurm or _slurm_running(config):
-        from vigil.ops.slurmstack import slurm_services
+        from vigil_gpu_monitor.vigil.ops.slurmstack import slurm_services
         down_ = [n for n, svc in slurm_services(config).items() if svc.pid() is None]
         report["slurm"] = f"down ({', '.join(down_)})" if down_ else \
             f"up (slurmctld port {config.local.slurmctld_port})"

@@ -20,8 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from contracts.config import Config
-from vigil.ops.localstack import Service, StackError, _say, _wait, port_open
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.vigil.ops.localstack import Service, StackError, _say, _wait, port_open
 
 PACKAGES = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
             "scontrol": "slurm-client", "sinfo": "slurm-client"}

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from contracts.config import DetectConfig
-from contracts.messages import Detection, Sample
-from contracts.status import HEAT_METRICS, gpu_key_order
-from detectors.cost import duty_metric, inflation_series
-from detectors.engine import JobEngine
-from detectors.job_profile import stands_out, tensor_peaks, time_shares
-from detectors.robust import nanmedian
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.messages import Detection, Sample
+from vigil_gpu_monitor.contracts.status import HEAT_METRICS, gpu_key_order
+from vigil_gpu_monitor.detectors.cost import duty_metric, inflation_series
+from vigil_gpu_monitor.detectors.engine import JobEngine
+from vigil_gpu_monitor.detectors.job_profile import stands_out, tensor_peaks, time_shares
+from vigil_gpu_monitor.detectors.robust import nanmedian
 
 MOSTLY_LOW_TENSOR = 0.35  # Moneo: tensor-core peaks under 35 % in real training
 MAX_BINS = 720  # longer traces get wider bins, so a plot stays readable

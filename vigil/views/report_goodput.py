@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from contracts.messages import Detection
+from vigil_gpu_monitor.contracts.messages import Detection
 
 
 def _rate(det: Detection) -> float | None:

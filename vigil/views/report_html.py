@@ -15,10 +15,10 @@ matplotlib.use("Agg")  # files only: no display on servers or in CI
 import matplotlib.pyplot as plt
 import numpy as np
 
-from alerting.cost import cost_text
-from contracts.status import HEAT_METRICS, HEAT_NAMES
-from vigil.views.report import MOSTLY_LOW_TENSOR, ReportData
-from vigil.views.report_goodput import goodput_png
+from vigil_gpu_monitor.alerting.cost import cost_text
+from vigil_gpu_monitor.contracts.status import HEAT_METRICS, HEAT_NAMES
+from vigil_gpu_monitor.vigil.views.report import MOSTLY_LOW_TENSOR, ReportData
+from vigil_gpu_monitor.vigil.views.report_goodput import goodput_png
 
 MAX_ROW_LABELS = 48
 

@@ -20,11 +20,11 @@ import tty
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerting.cost import by_cost, goodput, lost_per_hour
-from alerting.repair import RepairLog
-from alerting.state import LiveState
-from contracts.messages import Detection, location
-from contracts.status import HEAT_METRICS, HEAT_NAMES, gpu_key_order
+from vigil_gpu_monitor.alerting.cost import by_cost, goodput, lost_per_hour
+from vigil_gpu_monitor.alerting.repair import RepairLog
+from vigil_gpu_monitor.alerting.state import LiveState
+from vigil_gpu_monitor.contracts.messages import Detection, location
+from vigil_gpu_monitor.contracts.status import HEAT_METRICS, HEAT_NAMES, gpu_key_order
 
 LEVELS = "▁▂▃▄▅▆▇█"  # 0 … 1; the lowest stays visible (a hung job reads ~0)
 NO_READING = "·"
