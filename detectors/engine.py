@@ -119,7 +119,7 @@ class JobEngine:
             self.next_bin = b  # until a node is established, nothing is late yet
         elif b < self.next_bin:
             self.late += 1
-            self.health.heard(sample, alive_at, placed)
+            self.health.heard(sample, alive_at, placed, raw_ts)
             return []
         self.window.add(sample, self.held)
         said = synchrony.declared(sample.get("meta"))
@@ -128,7 +128,7 @@ class JobEngine:
         if established:
             self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts,
                                                                        sample["ts"])
-        immediate = self.health.ingest(sample, alive_at, placed)
+        immediate = self.health.ingest(sample, alive_at, placed, raw_ts)
         if not immediate:
             return []
         return self._with_job_size(self.tracker.update(sample["ts"], immediate, set()))

@@ -70,9 +70,14 @@ REMAP_EVENTS: dict[str, tuple[str, str, str]] = {
 CADENCE_GAP_CAP = 60.0  # a longer gap (a pause, a restart) teaches a node's cadence no more
 MAX_SILENT_SECONDS = 120.0  # however lossy its path, a node this quiet is silent
 # of a node's own interval: a path losing 5 % of samples misses four ticks in a row
-# once in 160,000 (the loss a node's cadence shows is learned too slowly at 30 s ticks)
+# once in 160,000
 SILENT_TICKS = 4.5
-MAX_SILENT_TICKS = 10  # ... and however lossy its path, silent after this many of its ticks
+# ... and however lossy its path, silent after this many of its ticks: a path losing
+# 40 % of them misses 16 in a row once in 2.3 million ticks (10, as before, was once in
+# 9,500: a 13 s agent losing 40 % fell silent for 132 s within the hour)
+MAX_SILENT_TICKS = 16
+LOSS_MEMORY = 0.995  # the ticks and arrivals a node's loss is counted over decay so
+# (about its last 200 ticks: a path that mends is trusted again within the hour)
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,9 @@ class HealthMonitor:
         self.p = p
         self.gpus: dict[str, dict[str, Any]] = state.get("gpus", {})
         self.nodes: dict[str, float] = state.get("nodes", {})
-        # node → [typical interval, mean gap] between its samples (seconds)
+        # node → [typical interval (s; 0: not known), ticks due, arrivals, last time
+        # on its own clock]: its gaps counted in its ticks, decayed by LOSS_MEMORY
+        # (a state from before the counts holds [interval, mean gap])
         self.cadence: dict[str, list[float]] = state.get("cadence", {})
         # nodes heard from only before their clock offset was known: not judged
         self.unplaced: set[str] = set(state.get("unplaced", []))
@@ -110,12 +117,30 @@ class HealthMonitor:
         return {"gpus": self.gpus, "nodes": self.nodes, "cadence": self.cadence,
                 "unplaced": sorted(self.unplaced)}
 
-    def _heard_node(self, node: str, ts: float, placed: bool = True) -> None:
-        """The node's last time, and its cadence: the typical interval follows short
-        gaps quickly and long ones slowly (a low quantile); the mean gap is a plain
-        moving average. Their ratio is the share of its samples that arrive.
-        ``placed``: whether ``ts`` is on the job's clock; a node first heard before
-        it is starts afresh with its first sample that is."""
+    def _heard_node(self, node: str, ts: float, placed: bool = True,
+                    own_ts: float | None = None) -> None:
+        """The node's last time (``ts``, on the job's clock), and its cadence, from
+        the gaps between its samples on its own clock (``own_ts``, default ``ts``):
+        a node's clock is steady against itself, while its placement on the job's
+        clock moves as its offset is re-estimated (at a 10 s tick, placed gaps of
+        4 and 16 s made a lossless node look as if it lost half its samples). The
+        typical interval follows short gaps quickly and long ones slowly (a low
+        quantile); each gap counts, in that interval, how many ticks were due and
+        that one arrived, the counts decaying by ``LOSS_MEMORY``: the share of its
+        samples that arrive. ``placed``: whether ``ts`` is on the job's clock; a
+        node first heard before it is starts afresh with its first sample that is."""
+        own = ts if own_ts is None else own_ts
+        kept = self.cadence.get(node)
+        if kept is None or len(kept) < 4:  # first heard (or a state from before counts)
+            self.cadence[node] = [kept[0] if kept else 0.0, 0.0, 0.0, own]
+        elif own > kept[3]:  # (an older, reordered sample makes no gap)
+            interval, ticks, arrived, own_last = kept
+            gap = min(own - own_last, CADENCE_GAP_CAP)
+            interval = interval if interval > 0 else gap
+            ticks = LOSS_MEMORY * ticks + max(1.0, round(gap / interval))
+            arrived = LOSS_MEMORY * arrived + 1.0
+            interval += (0.2 if gap < interval else 0.01) * (gap - interval)
+            self.cadence[node] = [interval, ticks, arrived, own]
         if not placed:
             if node not in self.nodes:
                 self.unplaced.add(node)
@@ -124,38 +149,35 @@ class HealthMonitor:
         if node in self.unplaced:
             self.unplaced.discard(node)
             self.nodes.pop(node, None)
-            self.cadence.pop(node, None)
         last = self.nodes.get(node)
-        if last is not None and ts > last:
-            gap = min(ts - last, CADENCE_GAP_CAP)
-            interval, mean = self.cadence.get(node, [gap, gap])
-            interval += (0.2 if gap < interval else 0.01) * (gap - interval)
-            mean += 0.02 * (gap - mean)
-            self.cadence[node] = [interval, mean]
         self.nodes[node] = max(ts, last if last is not None else ts)
 
     def silence_after(self, node: str) -> float:
         """Seconds without a sample after which ``node`` counts as silent: at least
         ``silent_seconds`` and ``SILENT_TICKS`` of its own interval (an agent may
         tick every 30 s, as dcgm-exporter's default scrape does), more where its
-        path is seen to lose more samples, at most ``MAX_SILENT_SECONDS`` or
-        ``MAX_SILENT_TICKS`` of its ticks, whichever is longer (a path that loses 40 %
-        of a 30 s agent's samples misses four in a row every hour). Its
-        interval is at least the job's typical one (a node heard only once is given
-        that), and while no node's interval is known, the silence is the longest."""
+        path is seen to lose more samples (enough ticks in a row that its loss, as
+        counted, misses them by chance once in ``1 / silent_by_chance``), at most
+        ``MAX_SILENT_SECONDS`` or ``MAX_SILENT_TICKS`` of its ticks, whichever is
+        longer. Its loss is the Bayesian mean of its counts under a uniform-ish prior
+        (Jeffreys: half a loss in one tick), so a node heard a few times without loss
+        is not taken for a lossless one. Its interval is at least the job's typical
+        one (a node heard only once is given that), and while no node's interval is
+        known, the silence is the longest."""
         known = sorted(c[0] for c in self.cadence.values() if c[0] > 0)
         if not known:
             return MAX_SILENT_SECONDS
         typical = known[len(known) // 2]  # the job's agents' interval
-        interval, mean = self.cadence.get(node, [typical, typical])
+        kept = self.cadence.get(node) or [0.0]
+        interval = kept[0]
+        ticks, arrived = (kept[1], kept[2]) if len(kept) == 4 else (0.0, 0.0)
         # a node's interval, learned from its shortest gaps, is at least the job's:
         # two samples close together (a retry, a reordered pair) do not shorten it
         interval = max(interval, typical)
         base = max(self.p.silent_seconds, SILENT_TICKS * interval)
-        arriving = min(1.0, interval / mean) if mean > 0 else 1.0
-        if arriving >= 1.0 or interval <= 0:
+        if interval <= 0:
             return base
-        lost = 1.0 - arriving
+        lost = min((ticks - arrived + 0.5) / (ticks + 1.0), 0.99)
         by_chance = interval * math.log(self.p.silent_by_chance) / math.log(lost)
         return min(max(base, by_chance), max(MAX_SILENT_SECONDS, MAX_SILENT_TICKS * interval))
 
@@ -166,29 +188,31 @@ class HealthMonitor:
         for key in [k for k in self.gpus if k.rsplit("/", 1)[0] == node]:
             del self.gpus[key]
 
-    def heard(self, sample: Sample, alive_at: float | None = None, placed: bool = True
-              ) -> None:
+    def heard(self, sample: Sample, alive_at: float | None = None, placed: bool = True,
+              own_ts: float | None = None) -> None:
         """A sample too late for the window still says its node and GPUs are alive
         (a node whose clock just jumped back is not silent); nothing else of it is
         used. ``alive_at``: when it was taken, for the silence of the node and its
-        GPUs (default: its time); ``placed``: whether that is on the job's clock."""
+        GPUs (default: its time); ``placed``: whether that is on the job's clock;
+        ``own_ts``: its time on its node's own clock (default: its time)."""
         node = sample["node"]
         alive = sample["ts"] if alive_at is None else alive_at
-        self._heard_node(node, alive, placed)
+        self._heard_node(node, alive, placed, own_ts)
         for gpu in sample["gpus"]:
             g = self.gpus.get(f"{node}/{gpu}")
             if g is not None:
                 g["last"] = max(alive, g["last"])
 
-    def ingest(self, sample: Sample, alive_at: float | None = None, placed: bool = True
-               ) -> list[Finding]:
+    def ingest(self, sample: Sample, alive_at: float | None = None, placed: bool = True,
+               own_ts: float | None = None) -> list[Finding]:
         """Fold one sample in; return findings that must fire on this very sample.
         ``alive_at``: when it was taken, for the silence of the node and its GPUs
         (default: its time): both on one clock, or a GPU would look missing beside
-        its own node."""
+        its own node; ``own_ts``: its time on its node's own clock (default: its
+        time), for the node's cadence."""
         ts, node = sample["ts"], sample["node"]
         alive = ts if alive_at is None else alive_at
-        self._heard_node(node, alive, placed)
+        self._heard_node(node, alive, placed, own_ts)
         out = []
         gpus = self.gpus
         for gpu, r in sample["gpus"].items():

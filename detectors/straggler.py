@@ -108,7 +108,11 @@ kernel, so it reads 100 % there). So each node also carries the *idle* statistic
 node, in the same sequential test: a 25 % data loader is named in two bins, a 15 %
 one in three (the job-level ``slowdown``, which needs the job's steps to stretch
 for 20 s, took 30 s and missed 15 %). It is a straggler node, ``host_bound: true``,
-``remediable: false`` (its GPUs are fine). Only nodes: one GPU's ``gpu_util`` is
+``remediable: false`` (its GPUs are fine). A utilisation sampled over the last
+sixth of a second also reads low, bin after bin, on a healthy node whose agent's
+tick keeps step with the job's gap: so the idle time is a finding only beside a
+power deficit that has passed its own test (``quiet``: the node idles where its
+peers spin, and power is averaged over the sample). Only nodes: one GPU's ``gpu_util`` is
 coarse (NVML samples it over 1/6 s to 1 s; the foreign generator's 1 s readings of
 a healthy GPU jump between 0 and 100 %), and tested per GPU it raised a hundred and
 fifty false stragglers on the foreign traces; a node's median GPU, against the
@@ -172,11 +176,14 @@ SLOWNESS_FLOOR = 0.025
 LOAD_FLOOR = 0.05
 CLOCK_FLOOR = 0.02
 IDLE_FLOOR = 0.025
-POWER_FLOOR = 0.01  # a node's power this share below its peers': it idles where they spin
-STATS = ("slowness", "load", "clock", "idle")
+POWER_FLOOR = 0.01  # a node's power this share below its peers': noise (power is averaged)
+# "quiet": the node's power below the job's; alone it decides nothing (less work, a
+# cooler room), it is the idle statistic's second, independent witness
+STATS = ("slowness", "load", "clock", "idle", "quiet")
 SLOW_STATS = frozenset({"slowness", "clock"})  # either passing: a slower GPU or node
-SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR, IDLE_FLOOR]),
-                  np.array([1.0, 1.0, 1.0, 1.0]),
+SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR, IDLE_FLOOR,
+                                   POWER_FLOOR]),
+                  np.array([1.0, 1.0, 1.0, 1.0, 1.0]),
                   -1, min_metrics=1, offset_floor=0.0)
 MIN_GPU_PEERS = 4
 MIN_NODE_PEERS = 3
@@ -188,7 +195,7 @@ TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its
 SETTLE_BINS = 16  # compared bins before the job counts as settled
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
-STATE_VERSION = 10  # the memory layout of the sequential test
+STATE_VERSION = 11  # the memory layout of the sequential test
 
 
 @dataclass(frozen=True)
@@ -278,7 +285,10 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     findings = []
     job_gpus = len(view.gpus)
     flagged_nodes = set()
-    for node, devs in sorted(nodes.found.items()):
+    for node, found in sorted(nodes.found.items()):
+        devs = _corroborated(found)
+        if not devs:
+            continue
         flagged_nodes.add(node)
         findings.append(_finding(view, node_level, node, None, devs, basis, job_gpus))
     for key, devs in sorted(gpus.found.items()):
@@ -286,6 +296,14 @@ def find_stragglers(view: WindowView, p: StragglerParams,
         if node not in flagged_nodes:
             findings.append(_finding(view, gpu_level, node, gpu, devs, basis, job_gpus))
     return findings
+
+
+def _corroborated(devs: list[Departure]) -> list[Departure]:
+    """A node's departures that make a finding: a power deficit alone says nothing
+    (less work, a cooler rack), and idle time counts only beside one (see
+    ``_readings``)."""
+    quiet = any(d.metric == "quiet" for d in devs)
+    return [d for d in devs if d.metric != "quiet" and (quiet or d.metric != "idle")]
 
 
 def memory_state(memory: dict[str, Any]) -> dict[str, Any]:
@@ -416,9 +434,10 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     _ratio(memory[at], node_memory[node_idx]), extra_processes,
                     # one GPU's gpu_util is too coarse to compare (see the docstring)
                     util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault)
+    node_power = nanmedian(latest[_POWER], axis=1)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
-                     node_memory, node_util)]
+                     node_memory, node_util, node_power)]
     n = len(view.nodes)
     node_slowness = _minus(node_per_work, job[3])
     node = _readings(list(view.nodes), node_busy, np.full(n, job[0]), node_work,
@@ -430,15 +449,8 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                      _memory_explains(node_slowness, _minus(node_per_memory_work, job[4])),
                      _ratio(node_memory, job[5]), np.full(n, np.nan),
                      util=(node_util, np.full(n, job[6])), clock_fault=node_fault,
-                     quieter=_below_median(nanmedian(latest[_POWER], axis=1), POWER_FLOOR))
+                     power=(node_power, np.full(n, job[7])))
     return gpu, node
-
-
-def _below_median(values: Array, by: float) -> NDArray[np.bool_]:
-    """Where a stream reads below its peers' median by more than ``by`` of it (no
-    reading: not told apart)."""
-    with np.errstate(invalid="ignore"):
-        return np.asarray(~(values >= nanmedian(values, axis=0) * (1.0 - by)), dtype=bool)
 
 
 def _ratio(values: Array, reference: Array | float) -> Array:
@@ -470,14 +482,14 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
               memory_explained: NDArray[np.bool_], memory_ratio: Array,
               extra_processes: Array, util: tuple[Array, Array],
               clock_fault: NDArray[np.bool_] | None = None,
-              quieter: NDArray[np.bool_] | None = None) -> _Readings:
+              power: tuple[Array, Array] | None = None) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
     slowness may not count for a fault, and the bytes moved are the load's work;
     ``memory_ratio``: bytes moved a second over the peers'; ``util``: the streams'
     ``gpu_util`` and their peers'; ``clock_fault``: where the clock-event reasons
-    name a fault).
+    name a fault; ``power``: the streams' power and their peers', where compared).
 
     Under the board's power limit the driver trades clock for power, so a stream
     doing more work than its peers runs a lower clock without any fault. Unless
@@ -496,6 +508,8 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # time with no kernel at all, against peers that keep one running (computing,
         # or spinning in the collective while they wait): input the host did not feed
         idle = np.log(util[1] / util[0])
+        quiet = (np.full(x.shape, np.nan) if power is None
+                 else np.log(power[1] / power[0]))
         # busier beyond what a window's phase makes: a GPU as busy as its peers
         # (+0.2 %) that does less work is a cold expert, not holding anyone back
         busier = x > SLOWNESS_FLOOR
@@ -511,7 +525,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     else:
         slowness, load = per_work - capped, np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
-    stats = np.stack([slowness, load, lower_clock, idle])
+    stats = np.stack([slowness, load, lower_clock, idle, quiet])
     valid = compared[None, :] & np.isfinite(stats)  # a zero reading: no ratio to take
     # slowness and a lower clock count as evidence only in a bin where the stream is
     # busier than its peers by more than the noise floor (what they learn, their
@@ -521,15 +535,17 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     # a node its host holds back is the one the others wait for: it never spins in
     # the collective, so per unit of work it keeps fewer SMs resident than its peers
     # (by the spin's channels/SM count times its idle share), and it draws less power
-    # (idle, not spinning). Its idle time counts only in bins where both are so: a
-    # utilisation sampled over the last sixth of a second reads low on a healthy node
-    # whose read instant falls in the job's gap, its window averages level with its
-    # peers'.
+    # (idle, not spinning). Its idle time counts only in bins where the first is so,
+    # and it is a finding only once the power deficit has passed its own test
+    # ("quiet", below): a utilisation sampled over the last sixth of a second reads
+    # low on a healthy node whose read instant falls in the job's gap, bin after bin
+    # where its agent's tick keeps step with the job's, while its power, averaged
+    # over the sample, stays level with its peers'. A sign test of the power each
+    # bin is passed by chance often enough in an hour (six false host-bound nodes in
+    # 5,168 GPU-hours): the deficit must accumulate, as the idle time does.
     with np.errstate(invalid="ignore"):
         held_back = ~(slowness >= 0)  # NaN (no work reading): not told apart
-    if quieter is not None:  # ... and it idles where they spin: it draws less power
-        held_back &= quieter
-    gate = np.stack([busier & ~memory_explained, anyway, busier, held_back])
+    gate = np.stack([busier & ~memory_explained, anyway, busier, held_back, anyway])
     return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,
                      extra_processes)

@@ -29,6 +29,7 @@ def test_physics_classes_at_four_nodes() -> None:
     assert max(delays["quiet_25_long_steps"]) <= 60, delays  # 10 s steps, 5 s bins
     assert max(delays["degraded_at_start"]) <= 20, delays  # from the job's first bin
     assert max(delays["quiet_12"]) <= 180 and max(delays["moe_stall_15"]) <= 180, delays
-    assert max(delays["slow_host"]) <= 20, delays  # a host-bound straggler node
+    # a host-bound straggler node: its idle time and its power deficit must both pass
+    assert max(delays["slow_host"]) <= 30, delays
     assert max(delays["quiet_5"]) <= 900, delays
     assert {c.name for c in CLASSES} == set(delays)

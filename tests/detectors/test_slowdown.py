@@ -27,32 +27,33 @@ def _run(cluster: Cluster, seconds: float, seed: int = 2) -> tuple[list[dict[str
     return fired, sim
 
 
-@pytest.mark.parametrize(("nodes", "severity", "within"), [(4, 1.25, 40), (8, 1.25, 15),
-                                                         (8, 1.15, 30), (4, 1.15, None)])
-def test_a_data_loader_bound_node_is_a_host_bound_straggler(
+@pytest.mark.parametrize(("nodes", "severity", "within"), [(4, 1.25, 40), (8, 1.25, 40),
+                                                         (8, 1.15, None), (4, 1.15, None)])
+def test_a_data_loader_bound_node_slows_the_job_and_is_never_blamed_elsewhere(
         nodes: int, severity: float, within: float | None) -> None:
-    """Its GPUs run no kernel while the job's others spin in their collectives: the
-    node-level idle statistic names it, where its window averages corroborate it (it
-    keeps fewer SMs resident per unit of work and draws less power: it idles where
-    they spin). Not remediated: the host's input, not the GPUs. The cost is the job's.
-
-    Slower than before issue #45 (10-15 s), and a 15 % loader on four nodes is missed
-    here (``within`` None: never blamed elsewhere): NVML's last-period ``gpu_util``
-    alone raised host-bound stragglers on healthy jobs, and precision was chosen."""
+    """Its GPUs run no kernel while the job's others spin in their collectives. In this
+    simulator's physics its power falls only about one noise unit below its peers'
+    (spinning draws little more than idling), which the host-bound test's power
+    witness does not pass in 200 s: the node is not named as a straggler here (see
+    test_host_bound.py for a node whose power shows it), and a 25 % loader is the
+    job's ``slowdown`` within 40 s. Before the power witness accumulated, last-period
+    ``gpu_util`` with a per-bin power sign named it in 15-40 s, and raised host-bound
+    stragglers on healthy fleet jobs: precision was chosen. Nothing else fires, and
+    no other node is blamed."""
     job = JobSpec("dl", [f"n{i}" for i in range(nodes)])
     fault = Fault("slow_host", "dl", "n1", None, T0 + 200, severity=severity)
     fired, sim = _run(Cluster([job], [fault]), 400)
     stragglers = [d for d in fired if d["kind"] == "straggler"]
     assert {(d["node"], d["gpu"]) for d in stragglers} <= {("n1", None)}
     assert {d["kind"] for d in fired} <= {"straggler", "slowdown"}
+    for det in stragglers:
+        assert det["evidence"]["host_bound"] is True and det["evidence"]["remediable"] is False
     if within is None:
         return
-    det = stragglers[0]
-    assert det["detected_at"] - fault.start <= within
-    assert det["evidence"]["host_bound"] is True and det["evidence"]["remediable"] is False
-    assert det["evidence"]["gpu_util"] < det["evidence"]["peer_gpu_util"]
+    first = min(fired, key=lambda d: d["detected_at"])
+    assert first["detected_at"] - fault.start <= within
     truth = statistics.median(r for t, r in sim.truth["dl"] if t > fault.start + 30) - 1
-    assert det["evidence"]["job_slowdown"] == pytest.approx(truth, rel=0.25)
+    assert first["evidence"]["job_slowdown"] == pytest.approx(truth, rel=0.25)
 
 
 def test_a_data_loader_bound_node_of_a_two_node_job_is_named_by_the_slowdown() -> None:
