@@ -88,6 +88,9 @@ def _ensure_topics(cfg: Config) -> Replication:
     """One try of ``ensure_topics`` with a fresh admin client."""
     wanted = {
         topics.SAMPLES: cfg.kafka.samples_partitions,
+        # co-partitioned with the samples (same key, same count): one job's timings
+        # reach the worker that holds its samples
+        topics.STEPS: cfg.kafka.samples_partitions,
         topics.DETECTIONS: cfg.kafka.detections_partitions,
         topics.DEADLETTER: 1,
         topics.ALERTS: cfg.kafka.detections_partitions,
@@ -100,8 +103,8 @@ def _ensure_topics(cfg: Config) -> Replication:
         rep = replication(cfg, admin)
         existing = set(admin.list_topics())
         names = {name: topics.topic(name, cfg.kafka.topic_prefix) for name in wanted}
-        configs = {topics.SAMPLES: {
-            "retention.ms": str(int(cfg.kafka.samples_retention_hours * 3600e3))},
+        retention = {"retention.ms": str(int(cfg.kafka.samples_retention_hours * 3600e3))}
+        configs = {topics.SAMPLES: retention, topics.STEPS: retention,
             topics.STATUS: {"cleanup.policy": "compact,delete", "retention.ms": "3600000"},
             # a dead letter carries the refused message (up to 1 MiB, base64) and its reason
             topics.DEADLETTER: {"max.message.bytes": str(4 << 20)}}
