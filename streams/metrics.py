@@ -47,7 +47,7 @@ class WorkerMetrics:
         self.align_forced = Counter(
             "vigil_worker_align_forced",
             "messages folded without waiting longer for the other topic: quiet (it is "
-            "silent), span (too far behind in event time), full (too many waiting)",
+            "silent), full (too many waiting)",
             ["reason"], registry=r)
         self.errors = Counter("vigil_worker_batch_errors", "batches that raised", registry=r)
         self.jobs = Gauge("vigil_worker_jobs", "job windows this worker holds", registry=r)

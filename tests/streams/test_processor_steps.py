@@ -64,14 +64,22 @@ def _uneven(samples: list[_Delivered], steps: list[_Delivered], window: float,
     k = 0
     while samples or steps:
         upto = t0 + (k + 1) * window
-        now = [d for d in samples if _event_time(d) < upto]
-        late = [d for d in steps if _event_time(d) < upto - window]
+        now = _prefix(samples, upto)  # each topic keeps its order
+        late = _prefix(steps, upto - window)
         samples, steps = samples[len(now):], steps[len(late):]
         batches += [b for b in (now, late) if b]
         k += 1
         if k > 10_000:
             raise AssertionError("no progress")
     return batches
+
+
+def _prefix(messages: list[_Delivered], upto: float) -> list[_Delivered]:
+    """The messages up to the first at or after ``upto``."""
+    n = 0
+    while n < len(messages) and _event_time(messages[n]) < upto:
+        n += 1
+    return messages[:n]
 
 
 def _run(processor: BatchProcessor, batches: list[list[_Delivered]]) -> None:
