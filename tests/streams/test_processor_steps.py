@@ -207,3 +207,25 @@ def test_timings_alone_are_folded_once_no_counters_come() -> None:
     folded = asyncio.run(processor.release_waiting(now=10**9))
     assert folded == 400 and processor.aligners["job-steps"].held == 0
     assert processor.live["job-steps"].next_bin is not None
+
+
+def test_with_identity_on_a_step_batch_must_carry_its_nodes_proof(trace: Any) -> None:
+    from vigil_gpu_monitor.contracts.config import IdentityConfig, Secret
+    from vigil_gpu_monitor.contracts.identity import Signer, node_key
+
+    master = bytes(range(32))
+    cfg = Config(identity=IdentityConfig(verify=True, master_keys=Secret(f"k1={master.hex()}")))
+    messages, _, _ = trace
+    _, steps = _delivered(messages[:100])
+    own, forged, unsigned = steps[0], steps[1], steps[2]
+    node = json.loads(own.value)["node"]
+    own.message.headers = Signer("k1", node_key(master, node)).headers(own.value)  # type: ignore[attr-defined]
+    other = "somewhere-else" if json.loads(forged.value)["node"] != "somewhere-else" else "x"
+    forged.message.headers = Signer("k1", node_key(master, other)).headers(forged.value)  # type: ignore[attr-defined]
+    unsigned.message.headers = []  # type: ignore[attr-defined]
+    journal, metrics = _Journal(), WorkerMetrics()
+    processor = BatchProcessor(cfg, metrics, journal, journal, "test")
+    _run(processor, [[own, forged, unsigned]])
+    letters = [json.loads(v)["reason"] for kind, v in journal.log if kind == "deadletter"]
+    assert letters == ["bad_signature", "unsigned"]
+    assert metrics.step_batches._value.get() == 1
