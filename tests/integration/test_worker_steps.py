@@ -70,3 +70,22 @@ def test_the_worker_decides_on_timings_what_replay_decides(
     assert letter["reason"] == "invalid_json"
     assert letter["source"]["topic"].endswith("vigil.steps")
     assert (consumed, refused, late) == (batches, 1, 0), tail
+
+
+def test_a_steps_topic_not_co_partitioned_with_the_samples_is_refused(
+        isolated_cfg: Config) -> None:
+    """A steps topic made elsewhere (a broker's auto-creation) with another partition
+    count would send a job's timings to another worker than its samples."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from vigil_gpu_monitor.contracts.errors import ConfigError
+    from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
+
+    name = topics.topic(topics.STEPS, isolated_cfg.kafka.topic_prefix)
+    admin = KafkaAdminClient(bootstrap_servers=isolated_cfg.kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, 3, 1)])
+    finally:
+        admin.close()
+    with pytest.raises(ConfigError, match=f"{name} has 3 partitions"):
+        ensure_topics(isolated_cfg)
