@@ -1,6 +1,14 @@
-"""The Faust application: consume samples, keep per-job engines, detect, publish.
+"""The Faust application: consume samples and step timings, keep per-job engines,
+detect, publish.
 
-Samples are keyed by job, so one job's engine lives on one worker. Every batch
+Samples (``vigil.samples``) and step timings (``vigil.steps``, ``vigil.step/1``) are
+both keyed by job and have the same partition count, so one job's engine lives on one
+worker: Faust's partition assignor puts co-subscribed topics with equal partition
+counts in one co-partitioned group and gives partition *p* of each to the same
+worker (``faust.assignor.PartitionAssignor._get_copartitioned_groups`` and
+``CopartitionedAssignor``), as it does for the engine table's changelog. One stream
+processor reads both topics (one Faust channel of two topics), so a job's samples
+and timings are never folded concurrently. Every batch
 passes the offset guard first (`streams.continuity`): the detectors see each
 partition's offsets once and in order, and Faust never commits past one they did
 not see, whatever a rebalance does to Faust's delivery. The stream processor (a
@@ -41,12 +49,14 @@ import faust
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.status import encode_status, feed_key
+from vigil_gpu_monitor.streams.align import AlignParams
 from vigil_gpu_monitor.streams.continuity import Continuity
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import BatchProcessor
 
 log = logging.getLogger(__name__)
 QUIET_CHECKPOINT_SECONDS = 2.0  # a job with no batch this long is checkpointed
+NEW_JOB_WAIT_SECONDS = 3.0  # a job new to this worker: its samples wait this for timings
 CHANGELOG_MAX_BYTES = 32 << 20
 
 
@@ -144,7 +154,9 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
         Monitor=PerBatchMonitor,
     )
     samples_name = topics.topic(topics.SAMPLES, prefix)
-    samples = app.topic(samples_name, key_type=bytes, value_type=bytes,
+    steps_name = topics.topic(topics.STEPS, prefix)
+    # one channel over both topics: one stream processor, batches of either
+    samples = app.topic(samples_name, steps_name, key_type=bytes, value_type=bytes,
                         key_serializer="raw", value_serializer="raw",
                         partitions=cfg.kafka.samples_partitions)
     detections = app.topic(topics.topic(topics.DETECTIONS, prefix), key_serializer="raw",
@@ -160,9 +172,10 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
                       extra_topic_configs={"max.message.bytes": str(CHANGELOG_MAX_BYTES)})
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
     processor = BatchProcessor(cfg, metrics, _FaustOutlets(detections, deadletter), table,
-                               worker_id)
+                               worker_id, AlignParams(slack=cfg.detect.grace_seconds,
+                                                      first_wait_seconds=NEW_JOB_WAIT_SECONDS))
     lag_now: dict[str, int] = {}  # partition → lag, as the lag timer last saw it
-    continuity = Continuity(app, samples_name, metrics)
+    continuity = Continuity(app, (samples_name, steps_name), metrics)
     continuity.guard.floor = processor.commit_floor  # never commit past a checkpoint
 
     async def _on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
@@ -188,7 +201,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
                 await processor.handle(await continuity.admit(events))
             except Exception:  # a Faust agent that raises dies silently: count, log, go on
                 metrics.errors.inc()
-                log.exception("batch of %d samples failed", len(events))
+                log.exception("batch of %d messages failed", len(events))
 
     @app.timer(interval=1.0)
     async def watch_offsets() -> None:
@@ -201,8 +214,14 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
 
     @app.timer(interval=1.0)
     async def checkpoint_quiet() -> None:
-        # a job that stopped sending must not hold the commit back (commit_floor)
+        # a job that stopped sending must not hold the commit back (commit_floor), nor
+        # wait on for a topic it no longer sends (streams.align)
         processor.checkpoint_quiet(QUIET_CHECKPOINT_SECONDS)
+        try:
+            await processor.release_waiting()
+        except Exception:  # an exception in a Faust timer ends the worker: count, log
+            metrics.errors.inc()
+            log.exception("folding the messages that waited failed")
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:

@@ -1,6 +1,7 @@
 """Faust glue for `streams.offsets.OffsetGuard`: anchoring, re-fetching, clamped commits.
 
-Three hooks, all on the samples topic only:
+Three hooks, on each topic the worker consumes (samples and step timings), every
+partition keyed by its ``TP`` (topic, partition):
 
 - before a batch is handled, partitions without an anchor get one: the group's
   committed offset (an OffsetFetch from a side consumer that never joins the
@@ -11,7 +12,7 @@ Three hooks, all on the samples topic only:
   offset, so the re-fetched messages are not dropped again); when the log itself
   starts after the expected offset, the loss is counted and accepted;
 - Faust's ``Consumer._new_offset`` (what it would commit for a partition) is
-  replaced for the samples topic by the guard's limit, and Faust's acknowledgement
+  replaced for these topics by the guard's limit, and Faust's acknowledgement
   lists are trimmed below it so they stay bounded; when partitions are revoked the
   guard's limits are committed directly (``Consumer._commit``), since Faust drops a
   revoked partition's acknowledgements before its last commit.
@@ -23,9 +24,9 @@ The last hook uses private Faust attributes; faust-streaming is pinned exactly a
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
@@ -38,12 +39,12 @@ log = logging.getLogger(__name__)
 
 
 class Continuity:
-    """Keeps the samples topic's offsets continuous between Faust and the detectors."""
+    """Keeps the consumed topics' offsets continuous between Faust and the detectors."""
 
-    def __init__(self, app: Any, topic: str, metrics: WorkerMetrics,
+    def __init__(self, app: Any, topics: str | Collection[str], metrics: WorkerMetrics,
                  guard: OffsetGuard | None = None) -> None:
         self.app = app
-        self.topic = topic
+        self.topics = frozenset([topics] if isinstance(topics, str) else topics)
         self.metrics = metrics
         self.guard = guard or OffsetGuard()
         self._clamped = False
@@ -68,76 +69,78 @@ class Continuity:
         finally:
             await client.stop()
 
-    async def anchor(self, partitions: Iterable[int]) -> None:
+    async def anchor(self, partitions: Iterable[TP]) -> None:
         """Anchor each partition at the group's committed offset (else the log start)."""
         async with self._side_client() as client:
-            for partition in sorted(set(partitions)):
-                tp = TopicPartition(self.topic, partition)
+            for part in sorted(set(partitions)):
+                tp = TopicPartition(part.topic, part.partition)
                 committed = await client.committed(tp)
                 if committed is None:
                     committed = (await client.beginning_offsets([tp]))[tp]
-                self.guard.anchor(partition, committed)
-                log.info("samples partition %d anchored at offset %d", partition, committed)
+                self.guard.anchor(part, committed)
+                log.info("%s partition %d anchored at offset %d", part.topic, part.partition,
+                         committed)
 
-    async def _log_start(self, partition: int) -> int:
+    async def _log_start(self, part: TP) -> int:
         async with self._side_client() as client:
-            tp = TopicPartition(self.topic, partition)
+            tp = TopicPartition(part.topic, part.partition)
             return int((await client.beginning_offsets([tp]))[tp])
 
     # -- per batch -----------------------------------------------------------
 
     async def admit(self, events: list[Any]) -> list[Any]:
         """The events the detectors may see, in order; seeks back over any gap."""
-        unanchored = {e.message.partition for e in events
-                      if self.guard.needs_anchor(e.message.partition)}
+        unanchored = {_tp(e.message) for e in events
+                      if self.guard.needs_anchor(_tp(e.message))}
         if unanchored:
             await self.anchor(unanchored)
         admitted: list[Any] = []
-        gaps: set[int] = set()
+        gaps: set[TP] = set()
         for event in events:
             msg = event.message
-            verdict = self.guard.admit(msg.partition, msg.offset)
+            verdict = self.guard.admit(_tp(msg), msg.offset)
             if verdict is Verdict.PROCESS:
                 admitted.append(event)
                 continue
             self.metrics.offsets.labels(verdict.value).inc()
             if verdict is Verdict.GAP:
-                gaps.add(msg.partition)
-        for partition in sorted(gaps):
-            await self._refetch(partition)
+                gaps.add(_tp(msg))
+        for part in sorted(gaps):
+            await self._refetch(part)
         return admitted
 
     async def watch(self) -> None:
         """Periodic: anchor every assigned partition, re-seek partitions whose hole
         persists, and find holes no message shows (Faust can drop every message of a
         partition it fetched, so a partition may never appear in a batch at all)."""
-        assigned = sorted(tp.partition for tp in self.app.consumer.assignment()
-                          if tp.topic == self.topic)
+        assigned = sorted(TP(tp.topic, tp.partition) for tp in self.app.consumer.assignment()
+                          if tp.topic in self.topics)
         unanchored = [p for p in assigned if self.guard.needs_anchor(p)]
         if unanchored:
             await self.anchor(unanchored)
-        for partition in assigned:
-            position = await self.app.consumer.position(TP(self.topic, partition))
-            self.guard.check_position(partition, position)
-            await self._refetch(partition)
+        for part in assigned:
+            position = await self.app.consumer.position(part)
+            self.guard.check_position(part, position)
+            await self._refetch(part)
 
-    async def _refetch(self, partition: int) -> None:
-        offset = self.guard.refetch_due(partition)
+    async def _refetch(self, part: TP) -> None:
+        offset = self.guard.refetch_due(part)
         if offset is None:
             return
-        log_start = await self._log_start(partition)
-        lost = self.guard.accept_log_start(partition, log_start)
+        log_start = await self._log_start(part)
+        lost = self.guard.accept_log_start(part, log_start)
         if lost:
             self.metrics.offsets.labels("lost_to_retention").inc(lost)
-            log.warning("samples partition %d: %d offsets before %d are gone from the log "
-                        "(retention); continuing from the log start", partition, lost, log_start)
+            log.warning("%s partition %d: %d offsets before %d are gone from the log "
+                        "(retention); continuing from the log start", part.topic,
+                        part.partition, lost, log_start)
             offset = log_start
         self.metrics.offsets.labels("refetch").inc()
-        log.warning("samples partition %d: messages from offset %d did not arrive in order; "
-                    "seeking back to re-read them", partition, offset)
+        log.warning("%s partition %d: messages from offset %d did not arrive in order; "
+                    "seeking back to re-read them", part.topic, part.partition, offset)
         # seek_wait runs in the consumer's own thread; Consumer.seek would touch aiokafka
         # from this one and race its fetcher.
-        await self.app.consumer.seek_wait({TP(self.topic, partition): offset})
+        await self.app.consumer.seek_wait({part: offset})
 
     # -- commits ---------------------------------------------------------------
 
@@ -149,7 +152,7 @@ class Continuity:
         would start from the previous periodic commit and redo up to a commit
         interval of samples (harmless duplicates, but wasted work in every rebalance).
         """
-        offsets = {TP(self.topic, p): limit for p in self.guard.partitions()
+        offsets = {TP(*cast(TP, p)): limit for p in self.guard.partitions()
                    if (limit := self.guard.commit_limit(p))}
         if offsets:
             await self.app.consumer._commit(offsets)
@@ -158,18 +161,25 @@ class Continuity:
         """A new assignment: re-anchor everything; make sure commits are clamped."""
         self.guard.reset()
         if not self._clamped:
-            clamp_commits(self.app.consumer, self.topic, self.guard)
+            clamp_commits(self.app.consumer, self.topics, self.guard)
             self._clamped = True
 
 
-def clamp_commits(consumer: Any, topic: str, guard: OffsetGuard) -> None:
-    """Make ``consumer`` commit, on ``topic``, only offsets the guard says were processed."""
+def _tp(msg: Any) -> TP:
+    """A delivered message's partition as the guard keys it."""
+    return TP(msg.topic, msg.partition)
+
+
+def clamp_commits(consumer: Any, topics: str | Collection[str], guard: OffsetGuard) -> None:
+    """Make ``consumer`` commit, on ``topics``, only offsets the guard says were processed
+    (the guard keyed by ``TP``)."""
     original = consumer._new_offset
+    clamped = frozenset([topics] if isinstance(topics, str) else topics)
 
     def new_offset(tp: Any) -> int | None:
-        if tp.topic != topic:
+        if tp.topic not in clamped:
             return original(tp)
-        limit = guard.commit_limit(tp.partition)
+        limit = guard.commit_limit(TP(tp.topic, tp.partition))
         acked = consumer._acked[tp]
         if acked:
             index = consumer._acked_index[tp]

@@ -27,6 +27,28 @@ class WorkerMetrics:
             "sample offsets not handed to the detectors as delivered: replayed (seen before), "
             "gap (earlier ones missing), unanchored, refetch (seeks back over a gap), "
             "lost_to_retention", ["outcome"], registry=r)
+        self.step_batches = Counter("vigil_worker_step_batches",
+                                    "valid step-timing batches (vigil.step/1) consumed", registry=r)
+        self.step_records = Counter("vigil_worker_step_records",
+                                    "step records in the valid step batches consumed", registry=r)
+        self.step_batches_refused = Counter(
+            "vigil_worker_step_batches_refused",
+            "step batches dead-lettered (also in vigil_worker_deadletters)", ["reason"],
+            registry=r)
+        self.step_records_dropped = Counter(
+            "vigil_worker_step_records_dropped",
+            "step records taken out of an otherwise valid batch (the rest is kept)",
+            ["reason"], registry=r)
+        self.late_steps = Counter("vigil_worker_late_steps",
+                                  "step records too late for their window", registry=r)
+        self.held = Gauge("vigil_worker_align_waiting",
+                          "samples and step batches waiting for the job's other topic to "
+                          "catch up in event time", registry=r)
+        self.align_forced = Counter(
+            "vigil_worker_align_forced",
+            "messages folded without waiting longer for the other topic: quiet (it is "
+            "silent), full (too many waiting)",
+            ["reason"], registry=r)
         self.errors = Counter("vigil_worker_batch_errors", "batches that raised", registry=r)
         self.jobs = Gauge("vigil_worker_jobs", "job windows this worker holds", registry=r)
         self.lag = Gauge("vigil_worker_lag_messages", "samples not yet consumed",

@@ -1,4 +1,4 @@
-"""Every sample offset reaches the detectors once, in order, or the commit stops before it.
+"""Every offset reaches the detectors once, in order, or the commit stops before it.
 
 Why this exists: during a consumer-group rebalance faust-streaming can hand the
 agent a partition's messages out of order or not at all. Messages fetched under the
@@ -21,14 +21,19 @@ standing past ``expected`` without progress. Commits are clamped to
 worker gets again every sample its checkpoints lack.
 A gap that the log itself has (retention deleted the offsets) is accepted once
 the caller checks the log start, and counted.
+
+A partition is whatever key the caller gives it: the worker consumes two topics
+(samples and step timings) and keys each partition by ``(topic, partition)``
+(Faust's ``TP``), so each topic's offsets are guarded and clamped on their own.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class Verdict(StrEnum):
@@ -56,22 +61,22 @@ class OffsetGuard:
         self.refetch_seconds = refetch_seconds
         self.stall_seconds = stall_seconds
         self._clock = clock
-        self._parts: dict[int, _Partition] = {}
+        self._parts: dict[Hashable, _Partition] = {}
         # partition → the lowest offset not yet in a checkpoint (None: all are)
-        self.floor: Callable[[int], int | None] | None = None
+        self.floor: Callable[[Any], int | None] | None = None
 
     def reset(self) -> None:
         """A new assignment: every partition must be anchored again before use."""
         self._parts.clear()
 
-    def needs_anchor(self, partition: int) -> bool:
+    def needs_anchor(self, partition: Hashable) -> bool:
         return partition not in self._parts
 
-    def anchor(self, partition: int, next_offset: int) -> None:
+    def anchor(self, partition: Hashable, next_offset: int) -> None:
         """Start the partition at ``next_offset`` (the committed offset, or the log start)."""
         self._parts[partition] = _Partition(expected=next_offset, progressed_at=self._clock())
 
-    def admit(self, partition: int, offset: int) -> Verdict:
+    def admit(self, partition: Hashable, offset: int) -> Verdict:
         """The verdict for one message; PROCESS moves the partition on by one."""
         part = self._parts.get(partition)
         if part is None:
@@ -86,7 +91,7 @@ class OffsetGuard:
         part.gap_seen = True
         return Verdict.GAP
 
-    def check_position(self, partition: int, position: int | None) -> None:
+    def check_position(self, partition: Hashable, position: int | None) -> None:
         """Called periodically with the consumer's fetch position.
 
         A hole that no later message reveals (Faust jumped to the end of a partition
@@ -99,11 +104,11 @@ class OffsetGuard:
         if self._clock() - part.progressed_at >= self.stall_seconds:
             part.gap_seen = True
 
-    def partitions(self) -> list[int]:
-        """The anchored partitions."""
-        return sorted(self._parts)
+    def partitions(self) -> list[Hashable]:
+        """The anchored partitions, in the order they were anchored."""
+        return list(self._parts)
 
-    def refetch_due(self, partition: int) -> int | None:
+    def refetch_due(self, partition: Hashable) -> int | None:
         """The offset to seek back to, if the partition has a gap and no recent seek."""
         part = self._parts.get(partition)
         if part is None or not part.gap_seen:
@@ -114,7 +119,7 @@ class OffsetGuard:
         part.last_refetch = now
         return part.expected
 
-    def accept_log_start(self, partition: int, log_start: int) -> int:
+    def accept_log_start(self, partition: Hashable, log_start: int) -> int:
         """Skip offsets the log no longer has; returns how many were lost to retention."""
         part = self._parts.get(partition)
         if part is None or log_start <= part.expected:
@@ -124,7 +129,7 @@ class OffsetGuard:
         part.gap_seen = False
         return lost
 
-    def commit_limit(self, partition: int) -> int | None:
+    def commit_limit(self, partition: Hashable) -> int | None:
         """The highest offset that may be committed (None: commit nothing yet): what
         the detectors saw, and no further than ``floor`` allows (the first sample some
         job's engine folded in but has not checkpointed yet)."""

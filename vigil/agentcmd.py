@@ -62,7 +62,8 @@ def _start_steps(cfg: Config, args: argparse.Namespace, node: str, job_of: Calla
     from vigil_gpu_monitor.producers.steps import BufferedStepPublisher, WitnessReceiver
     steps: Any = sink if args.out else BufferedStepPublisher(
         cfg.kafka_bootstrap, topics.topic(topics.STEPS, cfg.kafka.topic_prefix),
-        capacity=cfg.agent.buffer_capacity, **cfg.kafka_client)
+        capacity=cfg.agent.buffer_capacity, signer=node_signer(cfg),  # the worker checks it
+        **cfg.kafka_client)
     receiver = (WitnessReceiver(args.witness_socket, node, steps, job_of)
                 if args.witness_socket else None)
     tail = None

@@ -14,8 +14,11 @@ $USERS --entity-name vigil-reader --add-config "SCRAM-SHA-512=[password=$READER_
 # agent
 $ACLS --add --allow-principal 'User:vigil-agent' --operation Write --topic 'vigil.samples'
 $ACLS --add --allow-principal 'User:vigil-agent' --operation Describe --topic 'vigil.samples'
+$ACLS --add --allow-principal 'User:vigil-agent' --operation Write --topic 'vigil.steps'
+$ACLS --add --allow-principal 'User:vigil-agent' --operation Describe --topic 'vigil.steps'
 # worker
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Read --topic 'vigil.samples'
+$ACLS --add --allow-principal 'User:vigil-worker' --operation Read --topic 'vigil.steps'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.detections'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.deadletter'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.status'

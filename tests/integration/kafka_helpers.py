@@ -33,6 +33,29 @@ def publish(cfg: Config, samples: list[dict[str, Any]], raw: list[bytes] | None 
     producer.close()
 
 
+def publish_trace(cfg: Config, messages: list[dict[str, Any]],
+                  raw_steps: list[bytes] | None = None) -> None:
+    """Send a trace's samples to the samples topic and its step batches
+    (``vigil.step/1``) to the steps topic, each keyed by job, in the trace's order, as
+    node agents do; then optional raw bytes to the steps topic."""
+    from vigil_gpu_monitor.contracts import STEP_SCHEMA
+    from vigil_gpu_monitor.contracts.steps import encode_steps
+
+    ensure_topics(cfg)
+    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
+    samples = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
+    steps = topics.topic(topics.STEPS, cfg.kafka.topic_prefix)
+    for m in messages:
+        if m["schema"] == STEP_SCHEMA:
+            producer.send(steps, key=m["job"].encode(), value=encode_steps(m))
+        else:
+            producer.send(samples, key=m["job"].encode(), value=encode_sample(m))
+    for value in raw_steps or []:
+        producer.send(steps, key=b"poison", value=value)
+    producer.flush()
+    producer.close()
+
+
 def read_topic(cfg: Config, name: str, until: Any, timeout: float,
                worker: subprocess.Popen[bytes] | None = None) -> list[bytes]:
     """Values of ``name`` from the start until ``until(values)`` is true or time runs out."""

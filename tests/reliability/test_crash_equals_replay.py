@@ -1,6 +1,8 @@
 """Crash equals replay (issue #28): a worker SIGKILLed in the middle of a trace and
 restarted publishes exactly the detections that replay of that trace gives, no more
-and no fewer: stragglers, load imbalance and a job's slowdown included.
+and no fewer: stragglers, load imbalance and a job's slowdown included. With step
+timings (issue #47: every job's per-rank timings on ``vigil.steps`` beside its
+samples), the same, the two topics read again from their commits after the kill.
 
 The restarted worker may publish a detection twice (one sent after its last
 checkpoint is sent again: at-least-once); the same id, state and time twice is one
@@ -16,12 +18,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.kafka_helpers import publish, read_topic, start_worker
+from tests.integration.kafka_helpers import publish, publish_trace, read_topic, start_worker
+from tests.streams.step_trace import replayed
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
 from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.simulator.steps import StepTimings
 
 pytestmark = pytest.mark.integration
 START = 1_893_000_000.0
@@ -48,16 +52,42 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=30)
 
 
-def test_a_worker_killed_mid_trace_publishes_what_replay_gives(
-        isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path) -> None:
+def _trace(timings: bool) -> list[dict[str, Any]]:
+    """The samples, and with ``timings`` each job's step batches after the sample that
+    drained them (the simulator's order, as agents send them)."""
     cluster = Cluster(JOBS, FAULTS, skew_seconds=3.0, loss=0.01, reorder_seconds=2.0)
-    samples = list(Simulator(cluster, START, seed=6).samples(SECONDS))
-    runner = ReplayRunner(isolated_cfg.detect)
-    expected = _keys([d for s in samples for d in runner.feed(s)])
+    sim = Simulator(cluster, START, seed=6)
+    if not timings:
+        return [dict(s) for s in sim.samples(SECONDS)]
+    sim.step_timings = steps = StepTimings(seed=6)
+    out: list[dict[str, Any]] = []
+    for sample in sim.samples(SECONDS):
+        out.append(dict(sample))
+        out.extend(dict(batch) for batch in steps.drain())
+    return out
+
+
+def _publish(cfg: Config, messages: list[dict[str, Any]], timings: bool) -> None:
+    if timings:
+        publish_trace(cfg, messages)
+    else:
+        publish(cfg, messages)
+
+
+@pytest.mark.parametrize("timings", [False, True], ids=["samples", "samples+steps"])
+def test_a_worker_killed_mid_trace_publishes_what_replay_gives(
+        isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path,
+        timings: bool) -> None:
+    samples = _trace(timings)
+    if timings:
+        expected = _keys(replayed(samples, isolated_cfg.detect))
+    else:
+        runner = ReplayRunner(isolated_cfg.detect)
+        expected = _keys([d for s in samples for d in runner.feed(s)])  # type: ignore[arg-type]
     kinds = {k[1] for k in expected}
     assert {"straggler", "load_imbalance", "slowdown"} <= kinds, expected  # worth testing
-    cut = next(i for i, s in enumerate(samples) if s["ts"] >= START + 230)
-    publish(isolated_cfg, samples[:cut])
+    cut = next(i for i, s in enumerate(samples) if s.get("ts", 0) >= START + 230)
+    _publish(isolated_cfg, samples[:cut], timings)
     env = dict(isolated_env, VIGIL_WORKER_SESSION_TIMEOUT_SECONDS="8")
     first = start_worker(env, str(tmp_path / "worker-1.log"))
     try:  # killed once it has published some of what the first part holds
@@ -65,7 +95,7 @@ def test_a_worker_killed_mid_trace_publishes_what_replay_gives(
         assert seen, (tmp_path / "worker-1.log").read_text()[-3000:]
     finally:
         _kill(first)
-    publish(isolated_cfg, samples[cut:])
+    _publish(isolated_cfg, samples[cut:], timings)
     second = start_worker(env, str(tmp_path / "worker-2.log"))
     try:
         values = read_topic(isolated_cfg, topics.DETECTIONS,

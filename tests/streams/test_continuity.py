@@ -37,9 +37,9 @@ def test_commits_never_pass_what_the_guard_processed() -> None:
     assert not consumer._acked[tp]  # (and the acknowledgements are not kept)
     consumer._acked[tp].extend(range(375, 901))
     consumer._acked_index[tp].update(range(375, 901))
-    guard.anchor(2, 375)
+    guard.anchor(tp, 375)
     for offset in range(375, 400):  # ... but only 375..399 reached the detectors
-        guard.admit(2, offset)
+        guard.admit(tp, offset)
     assert consumer._filter_committable_offsets([tp]) == {tp: 400}
     # Acknowledgements below the limit are dropped, so the lists stay bounded.
     assert min(consumer._acked[tp]) == 400 and 399 not in consumer._acked_index[tp]

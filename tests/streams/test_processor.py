@@ -175,9 +175,9 @@ def test_commits_stop_at_the_first_sample_a_checkpoint_lacks_and_a_restart_skips
     for k, batch in enumerate(batches):
         asyncio.run(first.handle(batch))
         done += len(batch)
-        if k >= len(batches) // 2 and first.commit_floor(0) is not None:
+        if k >= len(batches) // 2 and first.commit_floor(("samples", 0)) is not None:
             break  # the crash comes while some samples are in no checkpoint
-    floor = first.commit_floor(0)
+    floor = first.commit_floor(("samples", 0))
     saved = decode_state(journal.store[b"proc-job"])["source_offsets"]["0"]
     assert floor is not None and floor == saved  # what the checkpoint lacks starts there
     assert floor < done < len(batches) * 37
@@ -197,13 +197,13 @@ def test_a_job_that_stops_sending_is_checkpointed_so_the_commit_can_catch_up() -
     processor = _processor(journal)
     for batch in _batches(size=37):
         asyncio.run(processor.handle(batch))
-        if processor.commit_floor(0) is not None:
+        if processor.commit_floor(("samples", 0)) is not None:
             break
-    assert processor.commit_floor(0) is not None  # samples in no checkpoint yet
+    assert processor.commit_floor(("samples", 0)) is not None  # samples in no checkpoint yet
     ended = processor.last_batch["proc-job"]
     assert processor.checkpoint_quiet(2.0, now=ended + 1.0) == 0  # not quiet long enough
     assert processor.checkpoint_quiet(2.0, now=ended + 2.5) == 1
-    assert processor.commit_floor(0) is None
+    assert processor.commit_floor(("samples", 0)) is None
     saved = decode_state(journal.store[b"proc-job"])["source_offsets"]["0"]
     assert saved == batch[-1].message.offset + 1
 

@@ -1,9 +1,10 @@
 """Roles on the broker (issue #49): one Kafka principal per role, and the ACLs that
 let each do its job and nothing else, for KRaft's ``StandardAuthorizer``.
 
-- ``agent``: write ``vigil.samples``; nothing else (not detections, not actions).
-- ``worker``: read samples in its group (``worker.app_id``); write detections, dead
-  letters and status; own its Faust topics (``<app_id>-…``: the ``engines``
+- ``agent``: write ``vigil.samples`` and ``vigil.steps`` (its jobs' step timings);
+  nothing else (not detections, not actions).
+- ``worker``: read samples and step timings in its group (``worker.app_id``); write
+  detections, dead letters and status; own its Faust topics (``<app_id>-…``: the ``engines``
   changelog and the leader-assignor topic, which Faust creates itself).
 - ``alerter``: read detections, status and samples (GPU UUIDs) in its group
   (``alerter.group_id``); write alerts and actions.
@@ -72,8 +73,10 @@ def grants(cfg: Config) -> dict[str, list[Grant]]:
                     Grant("cluster", "kafka-cluster", "DESCRIBE_CONFIGS")]
     app = cfg.worker.app_id
     return {
-        "agent": topic(topics.SAMPLES, "WRITE", "DESCRIBE"),
-        "worker": [*topic(topics.SAMPLES, "READ"), *topic(topics.DETECTIONS, "WRITE"),
+        "agent": [*topic(topics.SAMPLES, "WRITE", "DESCRIBE"),
+                  *topic(topics.STEPS, "WRITE", "DESCRIBE")],
+        "worker": [*topic(topics.SAMPLES, "READ"), *topic(topics.STEPS, "READ"),
+                   *topic(topics.DETECTIONS, "WRITE"),
                    *topic(topics.DEADLETTER, "WRITE"), *topic(topics.STATUS, "WRITE"),
                    Grant("topic", f"{app}-", "ALL", "prefixed"),
                    Grant("group", app, "READ"), *describe_all],

@@ -88,6 +88,9 @@ def _ensure_topics(cfg: Config) -> Replication:
     """One try of ``ensure_topics`` with a fresh admin client."""
     wanted = {
         topics.SAMPLES: cfg.kafka.samples_partitions,
+        # co-partitioned with the samples (same key, same count): one job's timings
+        # reach the worker that holds its samples
+        topics.STEPS: cfg.kafka.samples_partitions,
         topics.DETECTIONS: cfg.kafka.detections_partitions,
         topics.DEADLETTER: 1,
         topics.ALERTS: cfg.kafka.detections_partitions,
@@ -100,8 +103,8 @@ def _ensure_topics(cfg: Config) -> Replication:
         rep = replication(cfg, admin)
         existing = set(admin.list_topics())
         names = {name: topics.topic(name, cfg.kafka.topic_prefix) for name in wanted}
-        configs = {topics.SAMPLES: {
-            "retention.ms": str(int(cfg.kafka.samples_retention_hours * 3600e3))},
+        retention = {"retention.ms": str(int(cfg.kafka.samples_retention_hours * 3600e3))}
+        configs = {topics.SAMPLES: retention, topics.STEPS: retention,
             topics.STATUS: {"cleanup.policy": "compact,delete", "retention.ms": "3600000"},
             # a dead letter carries the refused message (up to 1 MiB, base64) and its reason
             topics.DEADLETTER: {"max.message.bytes": str(4 << 20)}}
@@ -118,6 +121,7 @@ def _ensure_topics(cfg: Config) -> Replication:
                      sorted(new), rep.factor, rep.min_insync)
         # every topic, also one another process created meanwhile (already exists)
         check_replicas(admin, sorted(names.values()), rep.factor)
+        check_copartitioned(admin, names[topics.SAMPLES], names[topics.STEPS])
     finally:
         admin.close()
     return rep
@@ -138,6 +142,21 @@ def check_replicas(admin: KafkaAdminClient, names: list[str], factor: int) -> No
             f"topics with fewer replicas than kafka.replication_factor {factor}: "
             f"{', '.join(short)}. One broker's loss would lose their data: add replicas "
             "with kafka-reassign-partitions.sh, or set kafka.replication_factor lower.")
+
+
+def check_copartitioned(admin: KafkaAdminClient, samples: str, steps: str) -> None:
+    """Refuse (``ConfigError``) a steps topic whose partition count is not the samples
+    topic's: Faust then gives partition *p* of each to different workers, and a job's
+    timings would reach a worker that does not hold its samples (``streams/app.py``)."""
+    counts = {t["name"]: len(t["partitions"])
+              for t in admin.describe_topics([samples, steps])}
+    if counts.get(samples) != counts.get(steps):
+        raise ConfigError(
+            f"topic {steps} has {counts.get(steps)} partitions and {samples} "
+            f"{counts.get(samples)}: a job's step timings would reach another worker than its "
+            f"samples. Recreate {steps} with {counts.get(samples)} partitions (it holds only "
+            "timings: deleting it loses at most their retention), or add partitions to it "
+            "with kafka-topics.sh --alter --partitions.")
 
 
 def delete_topics_starting(cfg: Config, prefixes: tuple[str, ...]) -> list[str]:
