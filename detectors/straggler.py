@@ -177,14 +177,16 @@ LOAD_FLOOR = 0.05
 CLOCK_FLOOR = 0.02
 IDLE_FLOOR = 0.025
 POWER_FLOOR = 0.01  # a node's power this share below its peers': noise (power is averaged)
-# "quiet": the node's power below the job's; alone it decides nothing (less work, a
-# cooler room), it is the idle statistic's second, independent witness
-STATS = ("slowness", "load", "clock", "idle", "quiet")
+STATS = ("slowness", "load", "clock", "idle")
 SLOW_STATS = frozenset({"slowness", "clock"})  # either passing: a slower GPU or node
-SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR, IDLE_FLOOR,
-                                   POWER_FLOOR]),
-                  np.array([1.0, 1.0, 1.0, 1.0, 1.0]),
+SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR, IDLE_FLOOR]),
+                  np.array([1.0, 1.0, 1.0, 1.0]),
                   -1, min_metrics=1, offset_floor=0.0)
+# "quiet": a node's power below the job's, in its own test (``quiet_test``). Alone it
+# decides nothing (less work, a cooler rack); it is the idle statistic's second,
+# independent witness.
+QUIET_SPEC = MetricSpec(("quiet",), np.array([POWER_FLOOR]), np.array([1.0]), -1,
+                        min_metrics=1, offset_floor=0.0)
 MIN_GPU_PEERS = 4
 MIN_NODE_PEERS = 3
 GPU_OFFSET_CAP = 0.10  # the test uses a GPU's learned offset up to this (log units)
@@ -195,7 +197,7 @@ TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its
 SETTLE_BINS = 16  # compared bins before the job counts as settled
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
-STATE_VERSION = 11  # the memory layout of the sequential test
+STATE_VERSION = 12  # the memory layout of the sequential test
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,13 @@ class StragglerParams:
         carries more of the job's structure (pipeline stages, data shards)."""
         return Cusum.for_rate(self.false_alarms_per_1000_days, self.bin_seconds, k=1.0)
 
+    @cached_property
+    def quiet_test(self) -> Cusum:
+        """A node's power deficit against the job: tuned to one noise unit. What it
+        witnesses is small by physics (a GPU spinning in a collective draws little
+        more than an idle one), at the same false-alarm rate as every test."""
+        return Cusum.for_rate(self.false_alarms_per_1000_days, self.bin_seconds, k=0.5)
+
 
 @dataclass(frozen=True)
 class _Readings:
@@ -237,6 +246,7 @@ class _Readings:
     gate: NDArray[np.bool_]  # STATS × streams: may count for a fault this bin
     memory_ratio: Array  # bytes moved a second over the peers' (NaN: no DRAM reading)
     extra_processes: Array  # compute processes beyond the peers' median (NaN: unknown)
+    quiet: Array  # log(peers' power / its power) where compared, else NaN
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
@@ -272,7 +282,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     # phase floor: the collective's spinning kernel, no tensor work) compares nothing
     phase_floor = max(MIN_BUSY, TYPICAL_FLOOR * float(memory.get("level", 0.0)))
     learned = memory.setdefault("streams", {})
-    for level in ("node", "gpu"):
+    for level in ("node", "gpu", "quiet"):
         learned[level] = StreamTable.load(learned.get(level))
     gpu_level, node_level = _levels(view, latest, basis, phase_floor, clock_faults,
                                     compare_nodes)
@@ -282,11 +292,17 @@ def find_stragglers(view: WindowView, p: StragglerParams,
          Comparison(_peer_level(gpu_level, GPU_OFFSET_CAP, False), p.gpu_test, learned["gpu"],
                     learned.setdefault("noise_gpu", {}))],
         SPEC, comparable, last, view.bin_seconds)
+    quiet_level = PeerLevel(node_level.keys, node_level.quiet[None, :],
+                            np.isfinite(node_level.quiet)[None, :],
+                            np.ones((1, len(node_level.keys))), float("inf"), recenter=True)
+    (quiet,) = advance([Comparison(quiet_level, p.quiet_test, learned["quiet"],
+                                   learned.setdefault("noise_quiet", {}))],
+                       QUIET_SPEC, comparable, last, view.bin_seconds)
     findings = []
     job_gpus = len(view.gpus)
     flagged_nodes = set()
     for node, found in sorted(nodes.found.items()):
-        devs = _corroborated(found)
+        devs = _corroborated(found, node in quiet.found)
         if not devs:
             continue
         flagged_nodes.add(node)
@@ -298,12 +314,10 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     return findings
 
 
-def _corroborated(devs: list[Departure]) -> list[Departure]:
-    """A node's departures that make a finding: a power deficit alone says nothing
-    (less work, a cooler rack), and idle time counts only beside one (see
-    ``_readings``)."""
-    quiet = any(d.metric == "quiet" for d in devs)
-    return [d for d in devs if d.metric != "quiet" and (quiet or d.metric != "idle")]
+def _corroborated(devs: list[Departure], quiet: bool) -> list[Departure]:
+    """A node's departures that make a finding: idle time counts only beside a power
+    deficit that passed its own test (``quiet``; see ``_readings``)."""
+    return [d for d in devs if quiet or d.metric != "idle"]
 
 
 def memory_state(memory: dict[str, Any]) -> dict[str, Any]:
@@ -510,6 +524,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         idle = np.log(util[1] / util[0])
         quiet = (np.full(x.shape, np.nan) if power is None
                  else np.log(power[1] / power[0]))
+        quiet[~np.isfinite(quiet)] = np.nan
         # busier beyond what a window's phase makes: a GPU as busy as its peers
         # (+0.2 %) that does less work is a cold expert, not holding anyone back
         busier = x > SLOWNESS_FLOOR
@@ -525,7 +540,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     else:
         slowness, load = per_work - capped, np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
-    stats = np.stack([slowness, load, lower_clock, idle, quiet])
+    stats = np.stack([slowness, load, lower_clock, idle])
     valid = compared[None, :] & np.isfinite(stats)  # a zero reading: no ratio to take
     # slowness and a lower clock count as evidence only in a bin where the stream is
     # busier than its peers by more than the noise floor (what they learn, their
@@ -545,10 +560,10 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     # 5,168 GPU-hours): the deficit must accumulate, as the idle time does.
     with np.errstate(invalid="ignore"):
         held_back = ~(slowness >= 0)  # NaN (no work reading): not told apart
-    gate = np.stack([busier & ~memory_explained, anyway, busier, held_back, anyway])
+    gate = np.stack([busier & ~memory_explained, anyway, busier, held_back])
     return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,
-                     extra_processes)
+                     extra_processes, np.where(compared, quiet, np.nan))
 
 
 def _peer_level(r: _Readings, cap: float, recenter: bool) -> PeerLevel:
