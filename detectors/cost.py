@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from vigil_gpu_monitor.detectors.findings import Finding
-from vigil_gpu_monitor.detectors.robust import Array, nanmedian
+from vigil_gpu_monitor.detectors.robust import Array, nanmedian, quantile
 from vigil_gpu_monitor.detectors.window import WindowView
 
 GPU_READS = ("tensor_active", "sm_active")  # duty-cycle counters, best first
@@ -217,7 +217,7 @@ def _baseline(f: Finding, onset: int, history: list[list[Any]]) -> dict[str, Any
               for b, nodes in history if b < onset - 1
               if (peers := {n: v for n, v in nodes.items() if n != out})]
     if len(before) >= MIN_HEALTHY_BINS:
-        top = float(np.quantile([level for level, _ in before], HEALTHY_QUANTILE))
+        top = quantile([level for level, _ in before], HEALTHY_QUANTILE)
         healthy = [peers for level, peers in before if level >= PHASE_FLOOR * top]
         healthy = healthy[-HEALTHY_BINS:]
         if top >= MIN_LEVEL and len(healthy) >= MIN_HEALTHY_BINS:

@@ -56,7 +56,7 @@ import numpy as np
 
 from vigil_gpu_monitor.detectors.cost import PHASE_FLOOR, cost_fields, duty_metric
 from vigil_gpu_monitor.detectors.findings import Finding, fmt
-from vigil_gpu_monitor.detectors.robust import nanmedian
+from vigil_gpu_monitor.detectors.robust import nanmedian, quantile
 from vigil_gpu_monitor.detectors.window import WindowView
 
 GPU_READS = ("tensor_active", "sm_active", "gpu_util", "nvlink_tx")
@@ -116,7 +116,7 @@ def find_slowdown(view: WindowView, others: list[Finding],
         if len(history) < MIN_HISTORY_BINS:
             healthy = None
         else:
-            healthy = float(np.quantile(history, HEALTHY_QUANTILE))
+            healthy = quantile(history, HEALTHY_QUANTILE)
     explained = any(f.kind in EXPLAINING or (f.kind == "gpu_health" and f.metrics ==
                                               ("throttle",)) for f in others)
     inflation = healthy / now - 1.0 if healthy is not None and now > 0 else 0.0
@@ -216,7 +216,7 @@ def _quiet_fabric(view: WindowView, memory: dict[str, Any]) -> bool:
     del burst[:-TRAFFIC_BINS]
     now = statistics.fmean(burst)
     history: list[float] = memory.setdefault("traffic", [])
-    healthy = (float(np.quantile(history, HEALTHY_QUANTILE))
+    healthy = (quantile(history, HEALTHY_QUANTILE)
                if len(history) >= MIN_HISTORY_BINS else None)
     if healthy is not None and healthy > 0 and now < TRAFFIC_FLOOR * healthy:
         if not memory.get("quiet"):

@@ -43,6 +43,8 @@ READABLE_LAYOUTS = (3, 4, WINDOW_LAYOUT)
 Readings = Sequence[float | None]
 # node → section → device → its entries in the bin: float64 values packed end to end
 RawBin = dict[str, dict[str, dict[str, bytearray]]]
+_NO_READING = (math.nan,)  # what a metric not sent reads as (``_Pattern``)
+MAX_PATTERNS = 256  # sets of sent keys whose reading ``add`` keeps (a section)
 
 
 class SealedSection:
@@ -178,6 +180,9 @@ class JobWindow:
         # a NaN (no reading) per metric: what a sample did not send reads as this
         self._gaps = {k: (math.nan,) * len(v) for k, v in self.metrics.items()}
         self._metric_at = {k: {m: i for i, m in enumerate(v)} for k, v in self.metrics.items()}
+        # section → a device's sent keys (``HeldReadings.sent_keys``) → how to read
+        # the window metrics of a sample sending the same ones (``add``)
+        self._patterns: dict[str, dict[frozenset[str], _Pattern]] = {"g": {}, "n": {}}
         # derived, not persisted: the last sorted device list per section, and the
         # last settled window's block per section
         self._sorted: dict[str, tuple[frozenset[Entity], list[Entity]]] = {}
@@ -228,16 +233,28 @@ class JobWindow:
             target = node_bin[section]
             kept = mine[section] if mine is not None else None
             sent_whole = whole[section] if whole is not None else None
+            patterns = self._patterns[section]
             for dev, readings in devices.items():
                 before = kept.get(dev) if kept is not None else None
+                values: Readings | None = None
                 if (before is not None and before[1] is None and ts >= before[2]
-                        and sent_whole.get(dev) == readings.keys()):  # type: ignore[union-attr]
-                    # ``held.fill``'s usual case (in order, the same metrics unsent
-                    # as the sample that last replaced the values whole, nothing
-                    # held for them: replace whole), inlined on purpose
-                    values: Readings = tuple(map(readings.get, metrics, gaps))
-                    kept[dev] = [values, None, ts]  # type: ignore[index]
-                else:
+                        and (sent := sent_whole.get(dev)) is not None):  # type: ignore[union-attr]
+                    # ``held.fill``'s usual case, inlined on purpose: in order, nothing
+                    # held where the sample that last replaced the values whole sent
+                    # nothing, and this one sends the same window metrics (its other
+                    # keys do not matter to ``fill``): replace whole. Read in C, each
+                    # step of ``_Pattern`` a KeyError or False where it sends others
+                    how = patterns.get(sent)
+                    if how is None:
+                        how = self._pattern(section, sent)
+                    if readings.keys().isdisjoint(how.absent):
+                        try:
+                            values = how.place(how.present(readings) + _NO_READING)
+                        except KeyError:
+                            pass
+                        else:
+                            kept[dev] = [values, None, ts]  # type: ignore[index]
+                if values is None:
                     try:
                         values = read_all(readings)
                     except KeyError:  # some metric not sent: NaN, or a held value
@@ -263,6 +280,22 @@ class JobWindow:
                     target[dev] = bytearray(packed)
                 else:
                     entries += packed
+
+    def _pattern(self, section: str, sent: frozenset[str]) -> _Pattern:
+        """How to read the section's window metrics from readings that send those
+        of ``sent`` and no other (kept per set: held keeps each set once, at most
+        ``MAX_PATTERNS`` of them here)."""
+        patterns = self._patterns[section]
+        if len(patterns) >= MAX_PATTERNS:
+            patterns.clear()
+        metrics = self.metrics[section]
+        present = [m for m in metrics if m in sent]
+        # the present values, then one NaN: each metric's slot in that tuple
+        slots = [present.index(m) if m in sent else len(present) for m in metrics]
+        how = patterns[sent] = _Pattern(_tuple_getter(present),
+                                        frozenset(m for m in metrics if m not in sent),
+                                        _tuple_getter(slots))
+        return how
 
     def seal(self, b: int) -> None:
         """Bin ``b`` is closed: keep only its means (no sample may enter it after)."""
@@ -438,6 +471,28 @@ class JobWindow:
             means[:, maxed] = functools.reduce(
                 np.fmax, [cube[:, i, maxed] for i in range(deepest)])
         return means
+
+
+class _Pattern(NamedTuple):
+    """Reading a section's window metrics in C from readings that send a known set
+    of them: ``place(present(readings) + _NO_READING)`` is the window's values, NaN
+    where nothing was sent, the same tuple as ``map(readings.get, metrics, gaps)``
+    gives. ``present`` raises KeyError where one of its metrics is not sent;
+    ``absent``: the window metrics that must not be sent either."""
+
+    present: Callable[[Any], tuple[Any, ...]]
+    absent: frozenset[str]
+    place: Callable[[tuple[Any, ...]], Readings]
+
+
+def _tuple_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """``itemgetter(*keys)``, a tuple whatever the number of keys."""
+    if len(keys) >= 2:
+        return operator.itemgetter(*keys)
+    if keys:
+        one = operator.itemgetter(keys[0])
+        return lambda values: (one(values),)
+    return lambda values: ()
 
 
 def _sum_entries(cube: Array, dtype: type | None = None) -> Array:

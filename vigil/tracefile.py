@@ -27,6 +27,9 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SNIFF_BYTES = 4096  # enough to see binary data before reading a "line" of it
 SHOWN_SKIPPED = 3  # skipped lines whose reasons the summary quotes
+# a plain trace's read buffer: lines of 4-5 KB through the default 8 KB cost a
+# refill every line or two (1.7-2.9 against 0.9-1.0 µs a line of base-5 read)
+READ_BUFFER = 1 << 20
 
 
 class TraceError(VigilError):
@@ -58,7 +61,8 @@ def _zstd_reader(raw: IO[bytes], path: str) -> IO[bytes]:
 @contextmanager
 def open_trace(path: str) -> Iterator[IO[bytes]]:
     """The decompressed bytes of a trace (``-``: stdin), by its magic bytes."""
-    raw: IO[bytes] = (sys.stdin.buffer if path == "-" else open(path, "rb"))
+    raw: IO[bytes] = (sys.stdin.buffer if path == "-"
+                      else open(path, "rb", buffering=READ_BUFFER))
     try:
         buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[type-var]
         head = buffered.peek(SNIFF_BYTES)[:SNIFF_BYTES]

@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import orjson
+import pytest
 
 from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
@@ -156,11 +157,14 @@ def test_the_sweep_that_skips_recent_nodes_keeps_what_a_full_sweep_keeps() -> No
     assert skipping.held.oldest.keys() <= skipping.state.keys()
 
 
-def test_held_values_follow_the_rule_whatever_path_a_sample_takes() -> None:
+@pytest.mark.parametrize("others", [False, True])
+def test_held_values_follow_the_rule_whatever_path_a_sample_takes(others: bool) -> None:
     """Against the rule written out plainly (each metric's last published value and
     its time; held while at most the hold old): sources that always lack the same
     metrics (replaced whole), adaptive gaps, full samples, late ones, sweeps, and a
-    restart from the checkpoint, in random order."""
+    restart from the checkpoint, in random order. ``others``: samples also carry
+    keys no window reads, some and not others (``JobWindow.add`` replaces whole a
+    device sending the same window metrics whatever its other keys)."""
     metrics = ("sm_active", "power", "dram_active")
     rng = random.Random(11)
     held = HeldReadings(20.0)
@@ -172,6 +176,8 @@ def test_held_values_follow_the_rule_whatever_path_a_sample_takes() -> None:
         node, dev = f"n{rng.randint(0, 2)}", str(rng.randint(0, 2))
         shape = rng.choice((metrics, metrics[:2], metrics[:2], metrics[1:], ()))
         sent = {m: round(rng.random(), 3) for m in shape if rng.random() < 0.9}
+        if others:
+            sent.update({m: 1.0 for m in ("temperature", "xid") if rng.random() < 0.5})
         window = JobWindow(5.0, gpu_metrics=metrics, nic_metrics=())
         window.add(_sample(at, {dev: sent}, node=node), held)  # type: ignore[arg-type]
         got = window.means("g", window.bin_of(at), metrics)[(node, dev)]

@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from vigil_gpu_monitor.detectors.robust import clamp, nanmedian, persistent, robust_z_axis
+from vigil_gpu_monitor.detectors.robust import (
+    clamp,
+    nanmedian,
+    persistent,
+    quantile,
+    robust_z_axis,
+)
 
 finite_or_nan = st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))
 
@@ -109,3 +115,15 @@ def test_a_calm_window_gives_what_the_full_test_gives(scores: np.ndarray, of: in
     assert result.first.dtype == np.argmax(deviant, axis=1).dtype
     if calm:
         assert np.isnan(result.score).all() and not result.flagged.any()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(st.floats(-1e6, 1e6), st.sampled_from([0.0, -0.0, float("nan"), 2.5])),
+                min_size=1, max_size=130),
+       st.one_of(st.sampled_from([0.0, 0.25, 0.5, 0.75, 0.9, 1.0]), st.floats(0.0, 1.0)))
+def test_quantile_is_numpys_to_the_last_bit(values: list[float], q: float) -> None:
+    expected = np.quantile(values, q)
+    got = quantile(values, q)
+    assert type(got) is float
+    assert np.array_equal(np.float64(got), expected, equal_nan=True)
+    assert np.signbit(got) == np.signbit(expected)
