@@ -187,6 +187,11 @@ class DetectConfig:
     link_z: float = 4.0
     ib_errors_per_window: float = 10.0
     network_link_share: float = 0.4
+    # a job of more nodes than this is split into ceil(nodes / shard_nodes) shards,
+    # stage 1 keyed by (job, shard), stage 2 by job (contracts/shards.py,
+    # docs/sharding.md); 16-16,384. 1,024: a shard's 1,024 samples/s fit one stage-1
+    # worker on a loaded 2-core machine (bench/RESULTS.md)
+    shard_nodes: int = 1024
 
 
 @dataclass(frozen=True)
