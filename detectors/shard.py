@@ -182,7 +182,7 @@ def _b64(means: np.ndarray[Any, Any], rows: list[int]) -> str:
         return ""
     first, last = rows[0], rows[-1]
     block = means[first:last + 1] if last - first + 1 == len(rows) else means[rows]
-    return base64.b64encode(np.ascontiguousarray(block, dtype=np.float64).tobytes()).decode()
+    return base64.b64encode(np.ascontiguousarray(block, dtype="<f8").tobytes()).decode()
 
 
 class JobStage2:
@@ -304,7 +304,7 @@ class JobStage2:
                     continue
                 devices.extend((node, d) for d in devs)
                 blocks.append(np.frombuffer(base64.b64decode(r[means_key]),
-                                            dtype=np.float64).reshape(len(devs), width))
+                                            dtype="<f8").reshape(len(devs), width))
             before = self._devices.get(section)
             if before is not None and before == devices:
                 devices = before  # consecutive bins share one list, as sealing shares it

@@ -73,6 +73,17 @@ def _config(cfg: Config, args: argparse.Namespace) -> int:
 
 
 
+def _shards(text: str) -> int:
+    """``--shards``: 1..64 stage-1 shards a job (an argparse error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"{value} shards: use 1-64")
+    return value
+
+
 def _processes(text: str) -> int:
     """``--jobs``: a process count, 1..254 (an argparse error otherwise, no traceback)."""
     try:
@@ -167,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--jobs", type=_processes, default=1, metavar="N",
                      help="replay the trace's jobs in N processes (same detections, same "
                           "order; a file, not stdin)")
+    rep.add_argument("--shards", type=_shards, default=1, metavar="K",
+                     help="split each job's nodes into K stage-1 shards and a stage 2, in "
+                          "one process (docs/sharding.md): the same detections as one stage")
 
     rpt = add("report", _command("report"),
               "a job's HTML report with per-GPU heatmaps and detections")

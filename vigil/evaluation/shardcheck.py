@@ -1,0 +1,113 @@
+"""Sharded against one-stage detections on one stream of samples (issue #46).
+
+``compare`` replays the same samples (and step batches) once with the one-stage
+``ReplayRunner`` and once with ``ShardedReplayRunner`` at each shard count, every
+summary passing through ``vigil.summary/1``'s encoder and decoder (split in parts as
+Kafka would carry them), and reports, per shard count, the detections found by one
+and not the other. A detection is compared by kind, state, node, GPU, start time,
+detection time and incident id (its evidence too, with ``evidence=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vigil_gpu_monitor.contracts import STEP_SCHEMA
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.messages import Detection, Summary
+from vigil_gpu_monitor.contracts.summary import decode_summary, encode_summary, split_parts
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.detectors.shard import ShardedReplayRunner
+
+Key = tuple[Any, ...]
+
+
+def detection_key(det: Detection, evidence: bool = False) -> Key:
+    """What two runs must agree on for a detection."""
+    base = (det["kind"], det["state"], det["job"], det["node"], det["gpu"],
+            det["started_at"], det["detected_at"], det["id"])
+    return (*base, json.dumps(det["evidence"], sort_keys=True)) if evidence else base
+
+
+def over_the_wire(summary: Summary) -> Summary:
+    """The summary as stage 2 would read it from Kafka: split in parts, each encoded
+    and decoded (validated both ways), then put together again."""
+    parts = [decode_summary(encode_summary(p)) for p in split_parts(summary)]
+    whole: Summary = {**parts[0], "part": 0, "parts": 1, "nodes": {}, "health": {}}
+    for p in parts:
+        whole["nodes"].update(p["nodes"])
+        whole["health"].update(p["health"])
+    return whole
+
+
+@dataclass
+class Outcome:
+    """One shard count's comparison."""
+
+    shards: int
+    one: int  # detections of one stage
+    sharded: int
+    only_one: list[Key] = field(default_factory=list)
+    only_sharded: list[Key] = field(default_factory=list)
+    same_order: bool = True
+    late_one: int = 0
+    late_sharded: int = 0
+    seconds: float = 0.0
+    summaries: int = 0
+
+    @property
+    def equal(self) -> bool:
+        """The same detections (as a multiset)."""
+        return not self.only_one and not self.only_sharded
+
+
+def _run(runner: Any, lines: Iterable[Any]) -> list[Detection]:
+    out: list[Detection] = []
+    for line in lines:
+        if line.get("schema") == STEP_SCHEMA:
+            out.extend(runner.feed_steps(line))
+        else:
+            out.extend(runner.feed(line))
+    return out
+
+
+def compare(lines: Callable[[], Iterable[Any]], shard_counts: Iterable[int],
+            cfg: DetectConfig | None = None, wire: bool = True,
+            evidence: bool = False) -> tuple[float, list[Outcome]]:
+    """One stage against each shard count on the samples ``lines()`` yields (called
+    once a run); the one-stage run's seconds and an ``Outcome`` per shard count."""
+    cfg = cfg or DetectConfig()
+    t0 = time.perf_counter()
+    one = ReplayRunner(cfg)
+    found = _run(one, lines())
+    one_seconds = time.perf_counter() - t0
+    late_one = sum(e.late for e in one.engines.values())
+    keys = [detection_key(d, evidence) for d in found]
+    outcomes = []
+    for k in shard_counts:
+        t0 = time.perf_counter()
+        runner = ShardedReplayRunner(cfg, k, over_the_wire if wire else None)
+        got = [detection_key(d, evidence) for d in _run(runner, lines())]
+        a, b = sorted(keys), sorted(got)
+        only_one = _minus(a, b)
+        only_sharded = _minus(b, a)
+        outcomes.append(Outcome(k, len(keys), len(got), only_one, only_sharded, keys == got,
+                                late_one, runner.late(), time.perf_counter() - t0,
+                                sum(j.summaries for j in runner.jobs.values())))
+    return one_seconds, outcomes
+
+
+def _minus(a: list[Key], b: list[Key]) -> list[Key]:
+    """What of sorted ``a`` is not in sorted ``b`` (multisets)."""
+    left = list(b)
+    out = []
+    for item in a:
+        try:
+            left.remove(item)
+        except ValueError:
+            out.append(item)
+    return out
