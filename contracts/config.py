@@ -89,6 +89,9 @@ class KafkaConfig:
     ssl_keyfile: str = ""
     samples_partitions: int = 8
     detections_partitions: int = 4
+    # vigil.summary/1 from stage-1 to stage-2 workers (docs/sharding.md): a 131,072-GPU
+    # job sends ~13 messages a second, so few partitions carry many jobs
+    summaries_partitions: int = 4
     samples_retention_hours: float = 24.0
     # replicas of every topic Vigil and its Faust worker create; 0 = the broker's
     # default.replication.factor. A process refuses to start while an existing Vigil

@@ -20,7 +20,8 @@ from vigil_gpu_monitor.contracts.errors import ConfigError
 from vigil_gpu_monitor.contracts.shards import MAX_SHARD_NODES, MIN_SHARD_NODES
 
 POSITIVE = frozenset({
-    "kafka.samples_partitions", "kafka.detections_partitions", "kafka.samples_retention_hours",
+    "kafka.samples_partitions", "kafka.detections_partitions", "kafka.summaries_partitions",
+    "kafka.samples_retention_hours",
     "redis.history_max", "local.kafka_heap_mb",
     "worker.session_timeout_seconds", "worker.checkpoint_steps", "worker.batch_size",
     "worker.batch_seconds", "worker.stop_seconds",

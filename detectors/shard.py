@@ -43,7 +43,7 @@ from vigil_gpu_monitor.contracts.messages import (
     Summary,
     SummaryEvent,
 )
-from vigil_gpu_monitor.contracts.shards import shard_of
+from vigil_gpu_monitor.contracts.shards import SHARD_SEPARATOR, shard_of
 from vigil_gpu_monitor.detectors.clocks import ClockOffsets
 from vigil_gpu_monitor.detectors.engine import JobEngine, NodeMoves
 from vigil_gpu_monitor.detectors.findings import Finding
@@ -99,7 +99,9 @@ class ShardEngine:
 
     def __init__(self, job: str, shard: int, shards: int, cfg: DetectConfig,
                  state: dict[str, Any] | None = None) -> None:
-        self.job, self.shard, self.shards = job, shard, shards
+        # ``job``: the samples key it is kept under (the job id, or ``job#k``)
+        self.job = job if shards <= 1 else f"{job}{SHARD_SEPARATOR}{shard}"
+        self.shard, self.shards = shard, shards
         self.engine = JobEngine(job, cfg, state)
         self.cfg = cfg
 
@@ -166,7 +168,7 @@ class ShardEngine:
                     "gpu_means": _b64(sealed["g"].means, mine["gi"]),
                     "nic_means": _b64(sealed["n"].means, mine["ni"])}
         following = e.window.first_bin_from(b + 1) if b is not None else None
-        return {"schema": SUMMARY_SCHEMA, "job": self.job, "shard": self.shard,
+        return {"schema": SUMMARY_SCHEMA, "job": e.job, "shard": self.shard,
                 "shards": self.shards, "bin": b, "part": 0, "parts": 1,
                 "bin_seconds": self.cfg.bin_seconds, "max_ts": e.max_ts,
                 "next_data_bin": following, "late": e.late,
@@ -199,7 +201,8 @@ class JobStage2:
         self.bins: dict[int, dict[int, dict[str, NodeRows]]] = {
             int(b): {int(k): v for k, v in shards_.items()}
             for b, shards_ in state.get("bins", {}).items()}
-        self.parts_left: dict[str, int] = state.get("parts_left", {})  # "bin/shard" → left
+        self.parts_seen: dict[str, list[int]] = state.get("parts_seen", {})  # "bin/shard"
+        self.newest: dict[str, float] = state.get("newest", {})  # shard → its max_ts
         self.node_state: dict[str, NodeHealth] = state.get("node_state", {})
         self.owner: dict[str, int] = state.get("owner", {})  # node → its shard
         self.late: dict[str, int] = state.get("late", {})  # shard → its late samples
@@ -212,7 +215,8 @@ class JobStage2:
         """JSON-able state: the engine's, and the summaries not yet evaluated."""
         return {"engine": self.engine.to_state(),
                 "bins": {str(b): {str(k): v for k, v in s.items()} for b, s in self.bins.items()},
-                "parts_left": self.parts_left, "node_state": self.node_state,
+                "parts_seen": self.parts_seen, "newest": self.newest,
+                "node_state": self.node_state,
                 "owner": self.owner, "late": self.late, "done": self.done,
                 "pending_health": self.pending_health}
 
@@ -242,15 +246,52 @@ class JobStage2:
         b = summary["bin"]
         if b is None:
             return out
+        if summary["max_ts"] is not None:
+            self.newest[str(shard)] = max(self.newest.get(str(shard), summary["max_ts"]),
+                                          summary["max_ts"])
+        done = self.done.get(str(shard))
+        if (done is not None and b <= done) or (e.next_bin is not None and b < e.next_bin):
+            return out  # sent again after a stage-1 restart: already taken
         key = f"{b}/{shard}"
-        left = self.parts_left.get(key, summary["parts"]) - 1
-        self.parts_left[key] = left
+        seen = self.parts_seen.setdefault(key, [])
+        if summary["part"] in seen:
+            return out
+        seen.append(summary["part"])
         self.bins.setdefault(b, {}).setdefault(shard, {}).update(summary["nodes"])
         self.pending_health.setdefault(str(shard), {}).update(summary["health"])
-        if left == 0:
-            del self.parts_left[key]
+        if len(seen) == summary["parts"]:
+            del self.parts_seen[key]
             self._take_health(shard)
-            self.done[str(shard)] = max(self.done.get(str(shard), b), b)
+            self.done[str(shard)] = b
+        return out
+
+    def evaluate_ready(self) -> list[Detection]:
+        """Evaluate, in order, every bin all shards have summarised (each shard's
+        summaries come in its order: a bin it skipped, after a long gap, is empty
+        there). How stage 2 runs over Kafka, where the shards seal by their own
+        watermarks."""
+        if len(self.done) < self.shards:
+            return []  # a shard not heard from yet
+        e = self.engine
+        closed = min(self.done.values()) + 1
+        if e.next_bin is None:
+            e.next_bin = min(self.bins, default=closed)
+        e.max_ts = max(self.newest.values(), default=None)
+
+        def first_bin_from(b: int) -> int | None:
+            return min((k for k, v in self.bins.items() if k >= b and any(v.values())),
+                       default=None)
+
+        out: list[Detection] = []
+        e._skip_gap(closed, first_bin_from)
+        evaluated = False
+        while e.next_bin < closed:
+            out.extend(self.evaluate(e.next_bin))
+            e.next_bin += 1
+            evaluated = True
+            e._skip_gap(closed, first_bin_from)
+        if evaluated:
+            self.forget_old()
         return out
 
     def _take_health(self, shard: int) -> None:

@@ -1,0 +1,147 @@
+"""Stage 1 of a sharded job's detection (docs/sharding.md): a shard's samples in,
+``vigil.summary/1`` out.
+
+Agents key a sample of a job split in K shards ``job#k`` (``contracts/shards.py``)
+and name K in the header ``vigil-shards`` (absent: 1, the key is the job). Each
+(job, shard) has a ``ShardEngine``: the one-stage ingest (clock, held readings, open
+bins, per-sample health) for its nodes; every bin its watermark closes is sealed and
+summarised, and health findings that fire on a sample are summarised at once. The
+summaries go to ``vigil.summaries`` keyed by job, split in parts that fit a message.
+
+Everything else is the one-stage worker's (``streams.processor.BatchProcessor``):
+decoding, dead letters, identity checks, the offset guard, checkpoints of each
+shard's state to its changelogged table every ``worker.checkpoint_steps`` bins, and
+commits never past a sample some checkpoint lacks. After a crash a shard resumes
+from its checkpoint and sends the summaries since again, the same ones (its state is
+a function of its samples): stage 2 ignores a part it already has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any, Protocol
+
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.messages import JobStatus, Sample, Summary, WorkerStatus
+from vigil_gpu_monitor.contracts.shards import MAX_SHARDS, SHARD_SEPARATOR, shard_of, split_key
+from vigil_gpu_monitor.contracts.status import worker_status
+from vigil_gpu_monitor.contracts.summary import encode_summary, split_parts
+from vigil_gpu_monitor.detectors.shard import ShardEngine
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.streams.processor import SOURCE_OFFSETS, BatchProcessor, Message
+from vigil_gpu_monitor.streams.state_codec import decode_state, encode_state
+
+SHARDS_HEADER = "vigil-shards"
+
+
+class SummaryOutlets(Protocol):
+    """Where stage 1's output goes (Faust topics in the worker)."""
+
+    async def summary(self, key: bytes, value: bytes) -> None: ...
+
+    async def deadletter(self, key: bytes | None, value: bytes) -> None: ...
+
+
+def shards_header(headers: Any) -> int:
+    """K from a message's ``vigil-shards`` header (1 when absent); ContractError
+    ``bad_shards`` when it is not a count."""
+    for name, value in headers or ():
+        if name == SHARDS_HEADER:
+            text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            if not text.isdigit() or not 1 <= int(text) <= MAX_SHARDS:
+                raise ContractError("bad_shards", f"header {SHARDS_HEADER} {text[:20]!r} is "
+                                    f"not a shard count 1..{MAX_SHARDS}")
+            return int(text)
+    return 1
+
+
+class Stage1Processor(BatchProcessor):
+    """One stage-1 worker's live shards and the one-stage worker's bookkeeping."""
+
+    def __init__(self, cfg: Config, metrics: WorkerMetrics, outlets: SummaryOutlets,
+                 checkpoints: MutableMapping[bytes, Any], worker_id: str) -> None:
+        super().__init__(cfg, metrics, outlets, checkpoints, worker_id)  # type: ignore[arg-type]
+        self.summary_outlets = outlets
+        self.shards_of: dict[str, tuple[str, int, int]] = {}  # key → (job, shard, shards)
+        self.summaries_sent = 0
+
+    def route(self, sample: Sample, msg: Message) -> str:
+        """The shard's key: ``job#k`` as the agent keyed it (the key must name the
+        sample's job and the shard its node falls in, else ``bad_key``)."""
+        shards = shards_header(msg.headers)
+        raw = msg.key.decode(errors="replace") if msg.key else sample["job"]
+        job, shard = split_key(raw) if shards > 1 else (raw, 0)
+        if job != sample["job"] or shard != shard_of(sample["node"], shards):
+            raise ContractError("bad_key", f"key {raw[:80]!r} is not shard "
+                                f"{shard_of(sample['node'], shards)} of {shards} of job "
+                                f"{sample['job']!r} for node {sample['node']!r}")
+        key = job if shards <= 1 else f"{job}{SHARD_SEPARATOR}{shard}"
+        self.shards_of[key] = (job, shard, shards)
+        return key
+
+    def engine_for(self, job: str) -> ShardEngine:  # type: ignore[override]
+        """The shard's live engine, recovered from its last checkpoint when not live."""
+        engine: Any = self.live.get(job)
+        if engine is None:
+            state = decode_state(self.checkpoints.get(job.encode()))
+            name, shard, shards = self.shards_of.get(job) or _unpack(state, job)
+            engine = ShardEngine(name, shard, shards, self.cfg.detect,
+                                 (state or {}).get("engine"))
+            self.live[job] = engine
+            self.folded[job] = {int(p): int(o) for p, o in
+                                ((state or {}).get(SOURCE_OFFSETS) or {}).items()}
+            self.metrics.jobs.set(len(self.live))
+        assert isinstance(engine, ShardEngine)
+        return engine
+
+    def checkpoint(self, engine: Any) -> None:
+        """The shard's state with the offsets it has folded in (as one stage's)."""
+        state = {"engine": engine.to_state(), "job": engine.engine.job,
+                 "shard": engine.shard, "shards": engine.shards,
+                 SOURCE_OFFSETS: {str(p): o for p, o in self.folded.get(engine.job, {}).items()}}
+        blob = encode_state(state)
+        self.metrics.checkpoint_bytes.observe(len(blob))
+        self.checkpoints[engine.job.encode()] = blob
+        for jobs in self.unsaved.values():
+            jobs.pop(engine.job, None)
+
+    async def _fold(self, job: str, engine: Any,
+                    samples: list[tuple[Sample, int, int]], newest_append: float) -> None:
+        shard: ShardEngine = engine
+        folded = self.folded[job]
+        late_before = shard.engine.late
+        out: list[Summary] = []
+        bins = 0
+        for sample, partition, offset in samples:  # each sample, then the bins it closes
+            out.extend(shard.ingest(sample))
+            sealed = shard.seal_closed()
+            bins += len(sealed)
+            out.extend(sealed)
+            folded[partition] = offset + 1
+            self.unsaved[partition].setdefault(job, offset)
+        self.metrics.late.inc(shard.engine.late - late_before)
+        key = shard.engine.job.encode()
+        for summary in out:
+            for part in split_parts(summary):
+                await self.summary_outlets.summary(key, encode_summary(part))
+                self.summaries_sent += 1
+        due = self.since_checkpoint.get(job, 0) + bins
+        if due >= self.cfg.worker.checkpoint_steps:  # after the sends, never before
+            self.checkpoint(shard)
+            due = 0
+        self.since_checkpoint[job] = due
+
+    def status_messages(self, now: float,
+                        lag: dict[str, int]) -> list[JobStatus | WorkerStatus]:
+        """Only the heartbeat: a shard's heat is stage 2's to show."""
+        return [worker_status(self.worker_id, now, dict(lag), self.samples,
+                              self.deadletters, len(self.live))]
+
+
+def _unpack(state: dict[str, Any] | None, key: str) -> tuple[str, int, int]:
+    """(job, shard, shards) of a checkpointed shard, or of a plain job key."""
+    if state and "job" in state:
+        return str(state["job"]), int(state["shard"]), int(state["shards"])
+    job, shard = split_key(key)
+    return job, shard, max(1, shard + 1)
