@@ -184,6 +184,7 @@ class Summary(TypedDict):
     shard: int
     shards: int
     bin: int | None
+    next_bin: int | None  # the shard's next bin to seal when it sent this message
     part: int
     parts: int
     bin_seconds: float

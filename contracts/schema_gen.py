@@ -238,7 +238,7 @@ def summary_schema() -> dict[str, Any]:
         "title": "One stage-1 shard's sealed bin of a job, for stage 2 (key = job id)",
         "type": "object",
         "additionalProperties": False,
-        "required": ["schema", "job", "shard", "shards", "bin", "part", "parts",
+        "required": ["schema", "job", "shard", "shards", "bin", "next_bin", "part", "parts",
                      "bin_seconds", "max_ts", "next_data_bin", "late", "declared",
                      "gpu_metrics", "nic_metrics", "nodes", "health", "events"],
         "properties": {
@@ -247,6 +247,7 @@ def summary_schema() -> dict[str, Any]:
             "shard": {"type": "integer", "minimum": 0, "maximum": MAX_SHARDS - 1},
             "shards": {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS},
             "bin": {"oneOf": [{"type": "null"}, bin_]},
+            "next_bin": {"oneOf": [{"type": "null"}, bin_]},
             "part": {"type": "integer", "minimum": 0, "maximum": MAX_PARTS - 1},
             "parts": {"type": "integer", "minimum": 1, "maximum": MAX_PARTS},
             "bin_seconds": {"type": "number", "exclusiveMinimum": 0},

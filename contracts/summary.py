@@ -37,7 +37,7 @@ from vigil_gpu_monitor.contracts.shards import MAX_SHARDS
 NODES_PER_PART = 128  # ~2.3 KB a node of 8 GPUs and 8 NICs: ~300 KB a part
 MAX_PARTS = 1024
 MAX_BIN = 2 ** 53
-_FIELDS = {"schema", "job", "shard", "shards", "bin", "part", "parts", "bin_seconds",
+_FIELDS = {"schema", "job", "shard", "shards", "bin", "next_bin", "part", "parts", "bin_seconds",
            "max_ts", "next_data_bin", "late", "declared", "gpu_metrics", "nic_metrics",
            "nodes", "health", "events"}
 _ROW_FIELDS = {"gpus", "gpu_means", "nics", "nic_means"}
@@ -166,6 +166,8 @@ def validate_summary(message: Any) -> Summary:
     _int(msg["shard"], "shard", 0, shards - 1)
     if msg["bin"] is not None:
         _int(msg["bin"], "bin", -MAX_BIN, MAX_BIN)
+    if msg["next_bin"] is not None:
+        _int(msg["next_bin"], "next_bin", -MAX_BIN, MAX_BIN)
     if msg["next_data_bin"] is not None:
         _int(msg["next_data_bin"], "next_data_bin", -MAX_BIN, MAX_BIN)
     parts = _int(msg["parts"], "parts", 1, MAX_PARTS)

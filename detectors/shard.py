@@ -169,7 +169,7 @@ class ShardEngine:
                     "nic_means": _b64(sealed["n"].means, mine["ni"])}
         following = e.window.first_bin_from(b + 1) if b is not None else None
         return {"schema": SUMMARY_SCHEMA, "job": e.job, "shard": self.shard,
-                "shards": self.shards, "bin": b, "part": 0, "parts": 1,
+                "shards": self.shards, "bin": b, "next_bin": e.next_bin, "part": 0, "parts": 1,
                 "bin_seconds": self.cfg.bin_seconds, "max_ts": e.max_ts,
                 "next_data_bin": following, "late": e.late,
                 "declared": e.sync_memory.get("declared"),
@@ -207,8 +207,12 @@ class JobStage2:
         self.owner: dict[str, int] = state.get("owner", {})  # node → its shard
         self.late: dict[str, int] = state.get("late", {})  # shard → its late samples
         self.done: dict[str, int] = state.get("done", {})  # shard → last bin summarised
-        self.pending_health: dict[str, dict[str, NodeHealth]] = state.get("pending_health",
-                                                                          {})
+        # bin → shard → its nodes' health as it sealed that bin (what one stage's
+        # evaluation of the bin reads of them)
+        self.health_at: dict[str, dict[str, dict[str, NodeHealth]]] = state.get(
+            "health_at", {})
+        # [the bin before whose evaluation it applies (null: at once), event]
+        self.events: list[list[Any]] = state.get("events", [])
         self._devices: dict[str, list[Entity]] = {}
 
     def to_state(self) -> dict[str, Any]:
@@ -218,7 +222,7 @@ class JobStage2:
                 "parts_seen": self.parts_seen, "newest": self.newest,
                 "node_state": self.node_state,
                 "owner": self.owner, "late": self.late, "done": self.done,
-                "pending_health": self.pending_health}
+                "health_at": self.health_at, "events": self.events}
 
     def receive(self, summary: Summary) -> list[Detection]:
         """Take one validated summary part in: its events go through the incident
@@ -240,9 +244,10 @@ class JobStage2:
         e.late = sum(self.late.values())
         if summary["declared"] is not None:
             e.sync_memory["declared"] = summary["declared"]
-        out: list[Detection] = []
-        for ev in summary["events"]:
-            out.extend(e._with_job_size(e.tracker.update(ev["ts"], [finding_of(ev)], set())))
+        # an event applies where one stage applied it: after the bins its shard had
+        # sealed when its sample came, before the next one
+        self.events.extend([summary["next_bin"], ev] for ev in summary["events"])
+        out = self._release(e.next_bin)
         b = summary["bin"]
         if b is None:
             return out
@@ -258,11 +263,28 @@ class JobStage2:
             return out
         seen.append(summary["part"])
         self.bins.setdefault(b, {}).setdefault(shard, {}).update(summary["nodes"])
-        self.pending_health.setdefault(str(shard), {}).update(summary["health"])
+        self.health_at.setdefault(str(b), {}).setdefault(str(shard), {}).update(
+            summary["health"])
         if len(seen) == summary["parts"]:
             del self.parts_seen[key]
-            self._take_health(shard)
             self.done[str(shard)] = b
+        return out
+
+    def _release(self, upto: int | None) -> list[Detection]:
+        """Send the events due before bin ``upto`` is evaluated through the tracker,
+        in the order they came (None: none is due yet, stage 2 has not started)."""
+        if upto is None or not self.events:
+            return []
+        e = self.engine
+        out: list[Detection] = []
+        keep = []
+        for tag, ev in self.events:
+            if tag is None or tag <= upto:
+                out.extend(e._with_job_size(e.tracker.update(ev["ts"], [finding_of(ev)],
+                                                             set())))
+            else:
+                keep.append([tag, ev])
+        self.events = keep
         return out
 
     def evaluate_ready(self) -> list[Detection]:
@@ -292,12 +314,11 @@ class JobStage2:
             e._skip_gap(closed, first_bin_from)
         if evaluated:
             self.forget_old()
-        return out
+        return out + self._release(e.next_bin)
 
-    def _take_health(self, shard: int) -> None:
-        """A shard's whole health state arrived (every part of a bin): it replaces
-        what stage 2 held of that shard's nodes."""
-        fresh = self.pending_health.pop(str(shard), {})
+    def _take_health(self, shard: int, fresh: dict[str, NodeHealth]) -> None:
+        """A shard's whole health state as it sealed a bin: it replaces what stage 2
+        held of that shard's nodes."""
         for node in [n for n, k in self.owner.items() if k == shard and n not in fresh]:
             del self.owner[node]
             self.node_state.pop(node, None)
@@ -313,6 +334,10 @@ class JobStage2:
         """Evaluate bin ``b`` as one stage does: its assembled sealed bin in the
         window, the shards' health state in the health monitor."""
         e = self.engine
+        out = self._release(b)
+        for at in sorted((k for k in self.health_at if int(k) <= b), key=int):
+            for shard, fresh in self.health_at.pop(at).items():
+                self._take_health(int(shard), fresh)
         self._assemble(b)
         h = e.health
         h.gpus = {f"{node}/{gpu}": g for node, st in self.node_state.items()
@@ -322,7 +347,7 @@ class JobStage2:
         h.cadence = {node: st["cadence"] for node, st in self.node_state.items()
                      if st["cadence"] is not None}
         h.unplaced = {node for node, st in self.node_state.items() if st["unplaced"]}
-        return e._evaluate(b)
+        return out + e._evaluate(b)
 
     def _assemble(self, b: int) -> None:
         """Bin ``b``'s shards' rows as the one-stage sealed bin: devices sorted by node
@@ -389,10 +414,11 @@ class ShardedJob:
         shard = self.shards[shard_of(sample["node"], len(self.shards))]
         e = shard.engine
         e.max_ts, e.next_bin = job.max_ts, job.next_bin
-        out: list[Detection] = []
-        for summary in shard.ingest(sample):
-            out.extend(self._send(summary))
+        summaries = shard.ingest(sample)
         job.max_ts, job.next_bin = e.max_ts, e.next_bin
+        out: list[Detection] = []
+        for summary in summaries:
+            out.extend(self._send(summary))
         return out + self._advance()
 
     def feed_steps(self, batch: StepBatch) -> list[Detection]:

@@ -107,7 +107,7 @@ def _worker(cfg: Config, args: argparse.Namespace) -> int:
     from vigil_gpu_monitor.vigil.reach import require_kafka
     require_kafka(cfg)
     replication = ensure_topics(cfg)
-    return run_worker(cfg, replication.factor)
+    return run_worker(cfg, replication.factor, getattr(args, "stage", 0) or 0)
 
 
 
@@ -193,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--job", help="one job (default: the fleet)")
     gp.add_argument("--json", action="store_true", help="the whole summary as JSON")
 
-    add("worker", _worker, "run the Faust stream worker")
+    wk = add("worker", _worker, "run the Faust stream worker")
+    wk.add_argument("--stage", type=int, choices=(0, 1, 2), default=0,
+                    help="0: one stage (default); 1: stage 1 of sharded detection (samples "
+                         "to summaries); 2: stage 2 (summaries to detections); "
+                         "docs/sharding.md")
 
     ag = add("agent", _agent, "the node agent: sample this node's GPUs, NICs and host")
     ag.add_argument("--sources", help="comma list: nvml, fake-nvml, infiniband, host, dcgm, "
