@@ -78,7 +78,7 @@ def forget_stale(health: HealthMonitor, now: float) -> None:
 
 
 def node_health(health: HealthMonitor) -> dict[str, NodeHealth]:
-    """A health monitor's state, node by node (the summary's ``health``)."""
+    """A health monitor's state now, node by node (the summary's ``health``)."""
     out: dict[str, NodeHealth] = {}
     for node, last in health.nodes.items():
         out[node] = {"last": last, "cadence": health.cadence.get(node),
@@ -89,7 +89,10 @@ def node_health(health: HealthMonitor) -> dict[str, NodeHealth]:
         if mine is None:
             mine = out[node] = {"last": None, "cadence": health.cadence.get(node),
                                 "unplaced": node in health.unplaced, "gpus": {}}
-        mine["gpus"][gpu] = g
+        # a copy: the monitor changes a GPU's state in place as samples come, and a
+        # summary must say what it was when its bin sealed (``remap`` is changed in
+        # place too; an ``event`` is replaced whole)
+        mine["gpus"][gpu] = {**g, "remap": dict(g["remap"])} if "remap" in g else dict(g)
     return out
 
 

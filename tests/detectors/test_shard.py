@@ -90,3 +90,23 @@ def test_shard_nodes_out_of_range_is_refused_with_the_setting_named(tmp_path: An
     path.write_text("[detect]\nshard_nodes = 3\n")
     with pytest.raises(ConfigError, match="detect.shard_nodes"):
         load(path, env={})
+
+
+def test_a_summary_keeps_the_health_of_its_bin_when_later_samples_change_it() -> None:
+    """Stage 1 sends a batch's summaries after folding the whole batch: a summary
+    built before an XID's sample must not carry the XID (found over Kafka: stage 2
+    fired it a bin early)."""
+    from vigil_gpu_monitor.detectors.shard import ShardEngine
+
+    names = ["x-0", "x-1", "x-2"]
+    cluster = Cluster([JobSpec("x", names)], [Fault("xid", "x", names[1], "2", START + 60)])
+    shard = ShardEngine("x", 0, 1, DetectConfig())
+    held = []
+    for sample in Simulator(cluster, START, seed=3).samples(90):
+        shard.ingest(sample)
+        held.extend(shard.seal_closed())  # kept, as a batch keeps them, not sent yet
+    before = [s for s in held if s["bin"] is not None and (s["bin"] + 1) * 5.0 < START + 55]
+    assert before
+    for summary in before:
+        for state in summary["health"].values():
+            assert all("event" not in g for g in state["gpus"].values())
