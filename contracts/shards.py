@@ -6,7 +6,8 @@ job. The node agent, both stages and ``vigil replay --shards`` must compute the 
 shard for a node, so the rule lives here, in the standard library only: ``crc32`` of
 the node name (stable across processes and Python versions, unlike ``hash``) modulo
 the shard count, and the count ``ceil(nodes / shard_nodes)``. A job of one shard
-keeps today's key, the job id: small jobs stay on the one-stage path.
+keeps today's key, the job id: small jobs stay on the one-stage path; a
+sharded job's samples are keyed ``job#k/K``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import math
 import zlib
 
-SHARD_SEPARATOR = "#"  # the samples key of a shard: "<job>#<k>" (job ids never hold it)
+SHARD_SEPARATOR = "#"  # the samples key of a shard: "<job>#<k>/<K>" (job ids never hold #)
 MIN_SHARD_NODES = 16
 MAX_SHARD_NODES = 16384
 MAX_SHARDS = 4096
@@ -35,15 +36,22 @@ def shard_of(node: str, shards: int) -> int:
 
 
 def shard_key(job: str, node: str, shards: int) -> str:
-    """The samples key a node's sample is sent under: the job id, or ``job#k``."""
+    """The samples key a node's sample is sent under: the job id, or ``job#k/K``
+    (stage 1 reads the shard and the job's shard count from it)."""
     if shards <= 1:
         return job
-    return f"{job}{SHARD_SEPARATOR}{shard_of(node, shards)}"
+    return f"{job}{SHARD_SEPARATOR}{shard_of(node, shards)}/{shards}"
 
 
-def split_key(key: str) -> tuple[str, int]:
-    """(job, shard) of a samples key; a plain job id is shard 0."""
-    job, sep, k = key.rpartition(SHARD_SEPARATOR)
-    if not sep or not k.isdigit():
-        return key, 0
-    return job, int(k)
+def split_key(key: str) -> tuple[str, int, int]:
+    """(job, shard, shards) of a samples key; a plain job id is shard 0 of 1. A key
+    whose shard part does not read as ``k/K`` with 0 <= k < K <= MAX_SHARDS is taken
+    whole as a job id (which the sample's own job then fails to match)."""
+    job, sep, rest = key.rpartition(SHARD_SEPARATOR)
+    k, slash, count = rest.partition("/")
+    if not sep or not slash or not k.isdigit() or not count.isdigit():
+        return key, 0, 1
+    shard, shards = int(k), int(count)
+    if not 0 <= shard < shards <= MAX_SHARDS:
+        return key, 0, 1
+    return job, shard, shards

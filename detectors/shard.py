@@ -102,8 +102,8 @@ class ShardEngine:
 
     def __init__(self, job: str, shard: int, shards: int, cfg: DetectConfig,
                  state: dict[str, Any] | None = None) -> None:
-        # ``job``: the samples key it is kept under (the job id, or ``job#k``)
-        self.job = job if shards <= 1 else f"{job}{SHARD_SEPARATOR}{shard}"
+        # ``job``: the samples key it is kept under (the job id, or ``job#k/K``)
+        self.job = job if shards <= 1 else f"{job}{SHARD_SEPARATOR}{shard}/{shards}"
         self.shard, self.shards = shard, shards
         self.engine = JobEngine(job, cfg, state)
         self.cfg = cfg

@@ -1,8 +1,8 @@
 """Stage 1 of a sharded job's detection (docs/sharding.md): a shard's samples in,
 ``vigil.summary/1`` out.
 
-Agents key a sample of a job split in K shards ``job#k`` (``contracts/shards.py``)
-and name K in the header ``vigil-shards`` (absent: 1, the key is the job). Each
+Agents key a sample of a job split in K shards ``job#k/K`` (``contracts/shards.py``;
+a job of one shard keeps the job id as its key). Each
 (job, shard) has a ``ShardEngine``: the one-stage ingest (clock, held readings, open
 bins, per-sample health) for its nodes; every bin its watermark closes is sealed and
 summarised, and health findings that fire on a sample are summarised at once. The
@@ -24,15 +24,13 @@ from typing import Any, Protocol
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.errors import ContractError
 from vigil_gpu_monitor.contracts.messages import JobStatus, Sample, Summary, WorkerStatus
-from vigil_gpu_monitor.contracts.shards import MAX_SHARDS, SHARD_SEPARATOR, shard_of, split_key
+from vigil_gpu_monitor.contracts.shards import shard_key, shard_of, split_key
 from vigil_gpu_monitor.contracts.status import worker_status
 from vigil_gpu_monitor.contracts.summary import encode_summary, split_parts
 from vigil_gpu_monitor.detectors.shard import ShardEngine
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import SOURCE_OFFSETS, BatchProcessor, Message
 from vigil_gpu_monitor.streams.state_codec import decode_state, encode_state
-
-SHARDS_HEADER = "vigil-shards"
 
 
 class SummaryOutlets(Protocol):
@@ -41,19 +39,6 @@ class SummaryOutlets(Protocol):
     async def summary(self, key: bytes, value: bytes) -> None: ...
 
     async def deadletter(self, key: bytes | None, value: bytes) -> None: ...
-
-
-def shards_header(headers: Any) -> int:
-    """K from a message's ``vigil-shards`` header (1 when absent); ContractError
-    ``bad_shards`` when it is not a count."""
-    for name, value in headers or ():
-        if name == SHARDS_HEADER:
-            text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-            if not text.isdigit() or not 1 <= int(text) <= MAX_SHARDS:
-                raise ContractError("bad_shards", f"header {SHARDS_HEADER} {text[:20]!r} is "
-                                    f"not a shard count 1..{MAX_SHARDS}")
-            return int(text)
-    return 1
 
 
 class Stage1Processor(BatchProcessor):
@@ -67,16 +52,15 @@ class Stage1Processor(BatchProcessor):
         self.summaries_sent = 0
 
     def route(self, sample: Sample, msg: Message) -> str:
-        """The shard's key: ``job#k`` as the agent keyed it (the key must name the
-        sample's job and the shard its node falls in, else ``bad_key``)."""
-        shards = shards_header(msg.headers)
+        """The shard's key, ``job#k/K`` as the agent keyed it (``job`` alone: one
+        shard). The key must name the sample's job and the shard its node falls in,
+        else ``bad_key``."""
         raw = msg.key.decode(errors="replace") if msg.key else sample["job"]
-        job, shard = split_key(raw) if shards > 1 else (raw, 0)
+        job, shard, shards = split_key(raw)
         if job != sample["job"] or shard != shard_of(sample["node"], shards):
-            raise ContractError("bad_key", f"key {raw[:80]!r} is not shard "
-                                f"{shard_of(sample['node'], shards)} of {shards} of job "
-                                f"{sample['job']!r} for node {sample['node']!r}")
-        key = job if shards <= 1 else f"{job}{SHARD_SEPARATOR}{shard}"
+            raise ContractError("bad_key", f"key {raw[:80]!r} does not name job "
+                                f"{sample['job']!r} and the shard of node {sample['node']!r}")
+        key = shard_key(job, sample["node"], shards)
         self.shards_of[key] = (job, shard, shards)
         return key
 
@@ -140,8 +124,7 @@ class Stage1Processor(BatchProcessor):
 
 
 def _unpack(state: dict[str, Any] | None, key: str) -> tuple[str, int, int]:
-    """(job, shard, shards) of a checkpointed shard, or of a plain job key."""
+    """(job, shard, shards) of a checkpointed shard, or as its key reads."""
     if state and "job" in state:
         return str(state["job"]), int(state["shard"]), int(state["shards"])
-    job, shard = split_key(key)
-    return job, shard, max(1, shard + 1)
+    return split_key(key)

@@ -76,8 +76,12 @@ def test_the_shard_of_a_node_is_stable_and_spreads() -> None:
     assert shard_count(1024, 1024) == 1 and shard_count(1025, 1024) == 2
     assert shard_count(16384, 1024) == 16 and shard_count(0, 1024) == 1
     assert shard_key("llm-7", "node-00042", 1) == "llm-7"
-    assert split_key(shard_key("llm-7", "node-00042", 8)) == ("llm-7", shard_of("node-00042", 8))
-    assert split_key("llm-7") == ("llm-7", 0)
+    assert shard_key("llm-7", "node-00042", 8) == f"llm-7#{shard_of('node-00042', 8)}/8"
+    assert split_key(shard_key("llm-7", "node-00042", 8)) == (
+        "llm-7", shard_of("node-00042", 8), 8)
+    assert split_key("llm-7") == ("llm-7", 0, 1)
+    for odd in ("llm-7#", "llm-7#3", "llm-7#8/8", "llm-7#x/8", "llm-7#1/99999"):
+        assert split_key(odd) == (odd, 0, 1)  # read whole: no job is named so
     with pytest.raises(ValueError):
         shard_count(10, 0)
 
@@ -110,3 +114,14 @@ def test_a_summary_keeps_the_health_of_its_bin_when_later_samples_change_it() ->
     for summary in before:
         for state in summary["health"].values():
             assert all("event" not in g for g in state["gpus"].values())
+
+
+def test_the_agent_keys_a_sharded_job_by_shard_and_a_small_one_by_job() -> None:
+    from vigil_gpu_monitor.producers.publisher import sample_key
+
+    sample: Any = {"job": "llm-7", "node": "node-00042"}
+    assert sample_key(sample, None) == b"llm-7"
+    assert sample_key(sample, lambda job: 1) == b"llm-7"
+    k = shard_of("node-00042", 16)
+    assert sample_key(sample, lambda job: 16) == f"llm-7#{k}/16".encode()
+    assert sample_key({"job": "", "node": "n"}, lambda job: 16) == b""  # type: ignore[arg-type]

@@ -1,8 +1,8 @@
 """Crash equals replay across the two stages of a sharded job (issue #46,
-docs/sharding.md): a job's samples keyed by shard (``job#k``, K in the
-``vigil-shards`` header) through ``vigil worker --stage 1`` and ``--stage 2`` give
-exactly one-stage replay's detections; so they do when the stage-1 worker, or
-separately the stage-2 worker, is SIGKILLed mid-trace and started again.
+docs/sharding.md): a job's samples keyed by shard (``job#k/K``) through
+``vigil worker --stage 1`` and ``--stage 2`` give exactly one-stage replay's
+detections; so they do when the stage-1 worker, or separately the stage-2 worker,
+is SIGKILLed mid-trace and started again.
 
 As for one stage, a detection sent after the last checkpoint may be sent again (the
 same id, state and time twice is one detection). The trace has no clock off by
@@ -26,7 +26,6 @@ from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.shards import shard_key
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
 from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
-from vigil_gpu_monitor.streams.stage1 import SHARDS_HEADER
 from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -45,13 +44,13 @@ def _keys(detections: list[dict[str, Any]]) -> set[Key]:
 
 
 def _publish(cfg: Config, samples: list[dict[str, Any]]) -> None:
-    """Samples keyed as the agent keys a sharded job's: ``job#k``, K in a header."""
+    """Samples keyed as the agent keys a sharded job's: ``job#k/K``."""
     ensure_topics(cfg)
     producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
     name = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
     for s in samples:
         producer.send(name, key=shard_key(s["job"], s["node"], SHARDS).encode(),
-                      value=encode_sample(s), headers=[(SHARDS_HEADER, str(SHARDS).encode())])
+                      value=encode_sample(s))
     producer.flush()
     producer.close()
 
