@@ -10,7 +10,9 @@ job's clock and watermark fed back at once; every summary through the
 ``vigil.summary/1`` encoder and decoder, in parts), and their detections compared
 (``vigil/evaluation/shardcheck.py``). ``--suite``: the scenario suite of ``vigil bench
 detect`` (sizes and seeds as given). ``--simulate-gpus N``: one job of N GPUs with
-faults (``bench_shard_seam.simulated``). Exit status 1 when any differ.
+faults (``bench_shard_seam.simulated``). ``--kafka-lag N``: the shards as over Kafka
+today (own clocks and watermarks, no feedback; shard 0's summaries N samples late).
+Exit status 1 when any differ.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def _trace(path: str) -> Callable[[], Iterable[Any]]:
 
 
 def _report(name: str, lines: Callable[[], Iterable[Any]], shards: list[int],
-            evidence: bool) -> bool:
-    one_s, outcomes = compare(lines, shards, evidence=evidence)
+            evidence: bool, kafka_lag: int) -> bool:
+    one_s, outcomes = compare(lines, shards, evidence=evidence, kafka_lag=kafka_lag)
     ok = True
     for o in outcomes:
         ok = ok and o.equal
@@ -60,6 +62,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--shards", default="2,4,8")
     parser.add_argument("--evidence", action="store_true", help="compare evidence too")
+    parser.add_argument("--kafka-lag", type=int, default=0, metavar="N",
+                        help="run the shards as over Kafka (own clocks and watermarks, "
+                             "no feedback), shard 0's summaries N samples behind")
     args = parser.parse_args()
     shards = [int(s) for s in args.shards.split(",")]
     traces = list(args.traces)
@@ -70,7 +75,8 @@ def main() -> int:
         traces.append(str(simulated(args.simulate_gpus, args.seconds)))
     ok = True
     for trace in traces:
-        ok = _report(Path(trace).name, _trace(trace), shards, args.evidence) and ok
+        ok = _report(Path(trace).name, _trace(trace), shards, args.evidence,
+                     args.kafka_lag) and ok
     if args.suite:
         from vigil_gpu_monitor.simulator.cluster import Simulator
         from vigil_gpu_monitor.vigil.evaluation.scenarios import suite
@@ -80,7 +86,7 @@ def main() -> int:
         for sc in scenarios:
             def lines(sc: Any = sc) -> Iterable[Any]:
                 return Simulator(sc.cluster, sc.start, seed=sc.seed).samples(sc.duration)
-            ok = _report(sc.name, lines, shards, args.evidence) and ok
+            ok = _report(sc.name, lines, shards, args.evidence, args.kafka_lag) and ok
     return 0 if ok else 1
 
 
