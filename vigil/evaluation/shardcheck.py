@@ -73,8 +73,13 @@ class KafkaModeRunner:
     samples (another partition, another worker, behind). Step batches are not
     handled (none of the traces compared here has them)."""
 
-    def __init__(self, cfg: DetectConfig, shards: int, lag: int = 200) -> None:
+    def __init__(self, cfg: DetectConfig, shards: int, lag: int = 200,
+                 nodes: dict[str, set[str]] | None = None) -> None:
         self.cfg, self.k, self.lag = cfg, shards, lag
+        # a job whose nodes leave a shard empty is one shard (a real job of K shards
+        # has K x shard_nodes nodes; this bench forces K on small jobs)
+        self.k_of = {job: shards if len({shard_of(n, shards) for n in names}) == shards
+                     else 1 for job, names in (nodes or {}).items()}
         self.shards: dict[tuple[str, int], ShardEngine] = {}
         self.stage2: dict[str, JobStage2] = {}
         self.held: list[Summary] = []
@@ -89,15 +94,16 @@ class KafkaModeRunner:
         """One sample through its shard; summaries to stage 2 (shard 0's late)."""
         if not sample["job"]:
             return []
-        k = shard_of(sample["node"], self.k)
+        count = self.k_of.get(sample["job"], self.k)
+        k = shard_of(sample["node"], count)
         key = (sample["job"], k)
         shard = self.shards.get(key)
         if shard is None:
-            shard = self.shards[key] = ShardEngine(sample["job"], k, self.k, self.cfg)
-            self.stage2.setdefault(sample["job"], JobStage2(sample["job"], self.k, self.cfg))
+            shard = self.shards[key] = ShardEngine(sample["job"], k, count, self.cfg)
+            self.stage2.setdefault(sample["job"], JobStage2(sample["job"], count, self.cfg))
         out: list[Detection] = []
         for summary in shard.ingest(sample) + shard.seal_closed():
-            if k == 0 and self.k > 1:
+            if k == 0 and count > 1:
                 self.held.append(summary)
             else:
                 out.extend(self._deliver(summary))
@@ -149,7 +155,12 @@ def compare(lines: Callable[[], Iterable[Any]], shard_counts: Iterable[int],
     outcomes = []
     for k in shard_counts:
         t0 = time.perf_counter()
-        runner: Any = (KafkaModeRunner(cfg, k, kafka_lag) if kafka_lag
+        nodes: dict[str, set[str]] = {}
+        if kafka_lag:
+            for line in lines():
+                if line.get("schema") != STEP_SCHEMA and line["job"]:
+                    nodes.setdefault(line["job"], set()).add(line["node"])
+        runner: Any = (KafkaModeRunner(cfg, k, kafka_lag, nodes) if kafka_lag
                        else ShardedReplayRunner(cfg, k, over_the_wire if wire else None))
         got = [detection_key(d, evidence) for d in _run(runner, lines())]
         a, b = sorted(keys), sorted(got)
