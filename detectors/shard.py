@@ -298,7 +298,7 @@ class JobStage2:
         watermarks. Every shard is waited for, always: one behind (a backlog, a
         stage-1 worker restarting) is not a silent one. A shard with no node never
         reports, and stalls its job: ``K = ceil(nodes / shard_nodes)`` with
-        ``shard_nodes`` >= 16 leaves one empty about once in 60,000 jobs of 17 nodes
+        ``shard_nodes`` >= 16 leaves one empty about once in 65,000 jobs of 17 nodes
         (the job-clock feedback, not built, would let stage 1 seal it)."""
         e = self.engine
         if len(self.done) < self.shards:
