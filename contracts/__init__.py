@@ -7,3 +7,4 @@ imports this one.
 SAMPLE_SCHEMA = "vigil.sample/1"
 DETECTION_SCHEMA = "vigil.detection/1"
 STEP_SCHEMA = "vigil.step/1"
+SUMMARY_SCHEMA = "vigil.summary/1"

@@ -89,6 +89,9 @@ class KafkaConfig:
     ssl_keyfile: str = ""
     samples_partitions: int = 8
     detections_partitions: int = 4
+    # vigil.summary/1 from stage-1 to stage-2 workers (docs/sharding.md): a 131,072-GPU
+    # job sends ~13 messages a second, so few partitions carry many jobs
+    summaries_partitions: int = 4
     samples_retention_hours: float = 24.0
     # replicas of every topic Vigil and its Faust worker create; 0 = the broker's
     # default.replication.factor. A process refuses to start while an existing Vigil
@@ -187,6 +190,11 @@ class DetectConfig:
     link_z: float = 4.0
     ib_errors_per_window: float = 10.0
     network_link_share: float = 0.4
+    # a job of more nodes than this is split into ceil(nodes / shard_nodes) shards,
+    # stage 1 keyed by (job, shard), stage 2 by job (contracts/shards.py,
+    # docs/sharding.md); 16-16,384. 1,024: a shard's 1,024 samples/s fit one stage-1
+    # worker on a loaded 2-core machine (bench/RESULTS.md)
+    shard_nodes: int = 1024
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vigil_gpu_monitor.contracts.errors import ConfigError
+from vigil_gpu_monitor.contracts.shards import MAX_SHARD_NODES, MIN_SHARD_NODES
 
 POSITIVE = frozenset({
-    "kafka.samples_partitions", "kafka.detections_partitions", "kafka.samples_retention_hours",
+    "kafka.samples_partitions", "kafka.detections_partitions", "kafka.summaries_partitions",
+    "kafka.samples_retention_hours",
     "redis.history_max", "local.kafka_heap_mb",
     "worker.session_timeout_seconds", "worker.checkpoint_steps", "worker.batch_size",
     "worker.batch_seconds", "worker.stop_seconds",
@@ -121,6 +123,9 @@ def check(config: Any) -> None:
     if config.detect.window_seconds < config.detect.bin_seconds:
         raise _refuse("detect.window_seconds", config.detect.window_seconds,
                       f"is shorter than detect.bin_seconds ({config.detect.bin_seconds:g})")
+    if not MIN_SHARD_NODES <= config.detect.shard_nodes <= MAX_SHARD_NODES:
+        raise _refuse("detect.shard_nodes", config.detect.shard_nodes,
+                      f"must be {MIN_SHARD_NODES}-{MAX_SHARD_NODES} nodes a shard")
     if config.agent.max_interval < config.agent.base_interval:
         raise _refuse("agent.max_interval", config.agent.max_interval,
                       f"is shorter than agent.base_interval ({config.agent.base_interval:g})")

@@ -132,3 +132,70 @@ class StepBatch(TypedDict):
     source: NotRequired[str]  # witness, megatron-log, deepspeed-log, simulator, ...
     ranks: list[RankSteps]
     meta: NotRequired[dict[str, Any]]
+
+
+class NodeRows(TypedDict):
+    """One node's sealed bin in ``vigil.summary/1``: its devices, in the window's order,
+    and their means as base64 of float64 (devices × the summary's metrics), NaN where
+    nothing was read."""
+
+    gpus: list[str]
+    gpu_means: str
+    nics: list[str]
+    nic_means: str
+
+
+class NodeHealth(TypedDict):
+    """One node's health bookkeeping in ``vigil.summary/1`` (``detectors/health.py``):
+    when it was last heard on the job's clock, its cadence, whether its clock is not
+    placed yet, and each GPU's state (last seen, throttling, ECC count, open event)."""
+
+    last: float | None
+    # [typical interval, ticks due, arrivals, last time on its own clock]; a state kept
+    # from before the counts: [typical interval, mean gap]
+    cadence: list[float] | None
+    unplaced: bool
+    gpus: dict[str, dict[str, Any]]
+
+
+class SummaryEvent(TypedDict):
+    """A health finding that fired on one sample (an XID, an ECC rise), with the
+    sample's time on the job's clock: stage 2 sends it through the job's incident
+    tracker as one stage does at that sample."""
+
+    ts: float
+    kind: str
+    node: str | None
+    gpu: str | None
+    severity: str
+    metrics: list[str]
+    score: float
+    summary: str
+    since: float
+    evidence: dict[str, Any]
+    fire_after: int | None
+
+
+class Summary(TypedDict):
+    """``vigil.summary/1``: one stage-1 shard's sealed bin of a job (or, with ``bin``
+    null, only the health events of its latest samples), for stage 2 (key = job id).
+    A bin of many nodes is sent in ``parts`` messages."""
+
+    schema: str
+    job: str
+    shard: int
+    shards: int
+    bin: int | None
+    next_bin: int | None  # the shard's next bin to seal when it sent this message
+    part: int
+    parts: int
+    bin_seconds: float
+    max_ts: float | None  # the shard's newest placed sample of an established node
+    next_data_bin: int | None  # the shard's first open bin after ``bin`` holding data
+    late: int  # the shard's late samples so far
+    declared: bool | None  # the job's declared synchrony (meta.job_sync), last seen
+    gpu_metrics: list[str]
+    nic_metrics: list[str]
+    nodes: dict[str, NodeRows]  # the nodes with readings in the bin
+    health: dict[str, NodeHealth]  # every node the shard keeps (all parts together)
+    events: list[SummaryEvent]

@@ -11,7 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vigil_gpu_monitor.contracts import DETECTION_SCHEMA, SAMPLE_SCHEMA, STEP_SCHEMA
+from vigil_gpu_monitor.contracts import (
+    DETECTION_SCHEMA,
+    SAMPLE_SCHEMA,
+    STEP_SCHEMA,
+    SUMMARY_SCHEMA,
+)
 from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
 from vigil_gpu_monitor.contracts.codec import (
     COST_BASES,
@@ -27,6 +32,7 @@ from vigil_gpu_monitor.contracts.names import (
     MAX_NODE_CHARS,
     NODE_SCHEMA_PATTERN,
 )
+from vigil_gpu_monitor.contracts.shards import MAX_SHARDS
 from vigil_gpu_monitor.contracts.steps import (
     COMPUTE_SLACK,
     MAX_RANK,
@@ -34,6 +40,7 @@ from vigil_gpu_monitor.contracts.steps import (
     MAX_STEPS,
     MAX_WALL_SECONDS,
 )
+from vigil_gpu_monitor.contracts.summary import MAX_BIN, MAX_PARTS, NODES_PER_PART
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -177,10 +184,92 @@ def step_schema() -> dict[str, Any]:
     }
 
 
+def summary_schema() -> dict[str, Any]:
+    """JSON Schema of ``vigil.summary/1`` (stage 1 to stage 2 of a sharded job)."""
+    names = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 256}}
+    number_or_null = {"oneOf": [{"type": "null"}, {"type": "number"}]}
+    bin_ = {"type": "integer", "minimum": -MAX_BIN, "maximum": MAX_BIN}
+    rows = {
+        "type": "object", "additionalProperties": False,
+        "required": ["gpus", "gpu_means", "nics", "nic_means"],
+        "properties": {
+            "gpus": {**names, "maxItems": MAX_GPUS},
+            "nics": {**names, "maxItems": MAX_NICS},
+            "gpu_means": {"type": "string", "contentEncoding": "base64",
+                          "description": "float64, devices x gpu_metrics, NaN: no reading"},
+            "nic_means": {"type": "string", "contentEncoding": "base64",
+                          "description": "float64, devices x nic_metrics, NaN: no reading"},
+        },
+    }
+    health = {
+        "type": "object", "additionalProperties": False,
+        "required": ["last", "cadence", "unplaced", "gpus"],
+        "properties": {
+            "last": number_or_null,
+            "cadence": {"oneOf": [{"type": "null"},
+                                  {"type": "array", "items": {"type": "number"},
+                                   "minItems": 2, "maxItems": 4}]},
+            "unplaced": {"type": "boolean"},
+            "gpus": {"type": "object", "maxProperties": MAX_GPUS,
+                     "additionalProperties": {
+                         "type": "object", "required": ["last", "thr"],
+                         "properties": {"last": {"type": "number"}, "thr": number_or_null,
+                                        "event": {"type": "object"},
+                                        "remap": {"type": "object"}}}},
+        },
+    }
+    event = {
+        "type": "object", "additionalProperties": False,
+        "required": ["ts", "kind", "node", "gpu", "severity", "metrics", "score", "summary",
+                     "since", "evidence", "fire_after"],
+        "properties": {
+            "ts": {"type": "number"}, "kind": {"enum": list(DETECTION_KINDS)},
+            "node": {"oneOf": [{"type": "null"}, {"type": "string"}]},
+            "gpu": {"oneOf": [{"type": "null"}, {"type": "string"}]},
+            "severity": {"enum": list(SEVERITIES)}, "metrics": {**names, "maxItems": 64},
+            "score": {"type": "number"}, "summary": {"type": "string"},
+            "since": {"type": "number"}, "evidence": {"type": "object"},
+            "fire_after": {"oneOf": [{"type": "null"}, {"type": "integer", "minimum": 0}]},
+        },
+    }
+    return {
+        "$schema": _DIALECT,
+        "$id": "vigil.summary/1",
+        "title": "One stage-1 shard's sealed bin of a job, for stage 2 (key = job id)",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schema", "job", "shard", "shards", "bin", "next_bin", "part", "parts",
+                     "bin_seconds", "max_ts", "next_data_bin", "late", "declared",
+                     "gpu_metrics", "nic_metrics", "nodes", "health", "events"],
+        "properties": {
+            "schema": {"const": SUMMARY_SCHEMA},
+            "job": {**_JOB, "minLength": 1},
+            "shard": {"type": "integer", "minimum": 0, "maximum": MAX_SHARDS - 1},
+            "shards": {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS},
+            "bin": {"oneOf": [{"type": "null"}, bin_]},
+            "next_bin": {"oneOf": [{"type": "null"}, bin_]},
+            "part": {"type": "integer", "minimum": 0, "maximum": MAX_PARTS - 1},
+            "parts": {"type": "integer", "minimum": 1, "maximum": MAX_PARTS},
+            "bin_seconds": {"type": "number", "exclusiveMinimum": 0},
+            "max_ts": number_or_null,
+            "next_data_bin": {"oneOf": [{"type": "null"}, bin_]},
+            "late": {"type": "integer", "minimum": 0},
+            "declared": {"oneOf": [{"type": "null"}, {"type": "boolean"}]},
+            "gpu_metrics": {"type": "array", "items": {"enum": list(GPU_METRICS)}},
+            "nic_metrics": {"type": "array", "items": {"enum": list(NIC_METRICS)}},
+            "nodes": {"type": "object", "maxProperties": NODES_PER_PART,
+                      "propertyNames": _NODE, "additionalProperties": rows},
+            "health": {"type": "object", "maxProperties": NODES_PER_PART,
+                       "propertyNames": _NODE, "additionalProperties": health},
+            "events": {"type": "array", "items": event},
+        },
+    }
+
+
 def rendered() -> dict[str, str]:
     """File name → JSON text, as committed under ``contracts/schemas/``."""
     docs = {"sample-1.json": sample_schema(), "detection-1.json": detection_schema(),
-            "step-1.json": step_schema()}
+            "step-1.json": step_schema(), "summary-1.json": summary_schema()}
     return {name: json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
             for name, doc in docs.items()}
 

@@ -7,6 +7,7 @@ ALERTS = "vigil.alerts"
 STEPS = "vigil.steps"  # per-rank step timings, vigil.step/1 (key = job id)
 ACTIONS = "vigil.actions"
 STATUS = "vigil.status"  # internal: the live view's feed (contracts/status.py)
+SUMMARIES = "vigil.summaries"  # internal: stage 1 to stage 2 of sharded detection (key = job)
 
 
 def topic(name: str, prefix: str = "") -> str:

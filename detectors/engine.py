@@ -12,6 +12,7 @@ engine state is JSON-able so it can live in a Faust table.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from vigil_gpu_monitor.contracts.codec import DETECTION_KINDS
@@ -110,6 +111,15 @@ class JobEngine:
         for a bin already evaluated is counted in ``late`` and only tells that its
         node is alive.
         """
+        ts, immediate = self.fold(sample)
+        if not immediate:
+            return []
+        return self._with_job_size(self.tracker.update(ts, immediate, set()))
+
+    def fold(self, sample: Sample) -> tuple[float, list[Finding]]:
+        """``ingest`` without the incident tracker: the per-node part a stage-1 shard
+        runs (``detectors/shard.py``). Returns the sample's time on the job's clock
+        and the health findings that fire on it (none for a late sample)."""
         raw_ts = sample["ts"]
         sample, established = self.clocks.place(sample)
         alive_at = self.clocks.alive_at(sample["node"], raw_ts)
@@ -120,7 +130,7 @@ class JobEngine:
         elif b < self.next_bin:
             self.late += 1
             self.health.heard(sample, alive_at, placed, raw_ts)
-            return []
+            return sample["ts"], []
         self.window.add(sample, self.held)
         said = synchrony.declared(sample.get("meta"))
         if said is not None:
@@ -128,10 +138,7 @@ class JobEngine:
         if established:
             self.max_ts = sample["ts"] if self.max_ts is None else max(self.max_ts,
                                                                        sample["ts"])
-        immediate = self.health.ingest(sample, alive_at, placed, raw_ts)
-        if not immediate:
-            return []
-        return self._with_job_size(self.tracker.update(sample["ts"], immediate, set()))
+        return sample["ts"], self.health.ingest(sample, alive_at, placed, raw_ts)
 
     def ingest_steps(self, batch: StepBatch) -> None:
         """Fold a validated step batch in (``detectors/step_window.py``); steps of bins
@@ -155,24 +162,43 @@ class JobEngine:
 
     def advance(self) -> list[Detection]:
         """Evaluate every bin closed by the watermark; return detections to publish."""
-        if self.max_ts is None or self.next_bin is None:
-            return []
-        closed = self.window.bin_of(self.max_ts - self.cfg.grace_seconds)  # first open bin
         out: list[Detection] = []
-        self._skip_gap(closed)
-        if self.next_bin >= closed:
-            return out
+        closed_any = False
+        for b in self.close_bins(self.window.first_bin_from, self.window.seal):
+            closed_any = True
+            out.extend(self._evaluate(b))
+        if closed_any:
+            self.forget_old()
+        return out
+
+    def close_bins(self, first_bin_from: Callable[[int], int | None],
+                   seal: Callable[[int], None]) -> Iterator[int]:
+        """Every bin the watermark closed, in order: each is sealed (``seal``, no
+        sample enters it any more) and then yielded, and ``next_bin`` moves past it.
+        ``first_bin_from`` says which bin at or after a bin holds data (the empty
+        bins of a long gap are skipped). One stage passes its own window's; the
+        sharded job (``detectors/shard.py``) the union of its shards'."""
+        if self.max_ts is None or self.next_bin is None:
+            return
+        closed = self.window.bin_of(self.max_ts - self.cfg.grace_seconds)  # first open bin
+        self._skip_gap(closed, first_bin_from)
         while self.next_bin < closed:
-            self.window.seal(self.next_bin)  # closed: no sample enters it any more
-            out.extend(self._evaluate(self.next_bin))
+            seal(self.next_bin)
+            yield self.next_bin
             self.next_bin += 1
-            self._skip_gap(closed)  # data, then a long gap (a clock far off), then data
+            self._skip_gap(closed, first_bin_from)  # data, a long gap (a clock far off), data
+
+    def forget_old(self) -> None:
+        """After bins closed: forget bins, steps and held values no evaluation reads
+        again (bounded memory)."""
+        if self.max_ts is None or self.next_bin is None:
+            return
         self.window.drop_before(self.next_bin - self.window_bins)
         self.steps.drop_before(self.next_bin)
         self.held.forget_before(self.max_ts - self.cfg.held_seconds)
-        return out
 
-    def _skip_gap(self, closed: int) -> None:
+    def _skip_gap(self, closed: int,
+                  first_bin_from: Callable[[int], int | None] | None = None) -> None:
         """Over a long gap, move ``next_bin`` past the empty bins to the window before
         ``closed``, but never past a bin that holds data: the straggler test is
         sequential and learns from every bin (a worker's first batch may hold minutes
@@ -181,7 +207,7 @@ class JobEngine:
         assert self.next_bin is not None
         if closed - self.next_bin > self.window_bins:
             skip_to = closed - self.window_bins
-            first = self.window.first_bin_from(self.next_bin)
+            first = (first_bin_from or self.window.first_bin_from)(self.next_bin)
             self.next_bin = skip_to if first is None else min(first, skip_to)
 
     def heat(self, metrics: tuple[str, ...]) -> dict[str, list[float | None]]:

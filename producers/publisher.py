@@ -35,9 +35,17 @@ from kafka.errors import KafkaError
 from vigil_gpu_monitor.contracts.codec import encode_sample
 from vigil_gpu_monitor.contracts.identity import Signer
 from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.contracts.shards import shard_key
 from vigil_gpu_monitor.producers.spool import DiskSpool
 
 log = logging.getLogger(__name__)
+Shards = Callable[[str], int]  # job → its shard count (docs/sharding.md)
+
+
+def sample_key(sample: Sample, shards: Shards | None) -> bytes:
+    """The record key: the job id, or ``job#k/K`` for a job split in K shards."""
+    return shard_key(sample["job"], sample["node"],
+                     shards(sample["job"]) if shards and sample["job"] else 1).encode()
 
 
 class KafkaPublisher:
@@ -46,9 +54,10 @@ class KafkaPublisher:
     ``batch_size=1`` to send one record a batch, as a node's agent does)."""
 
     def __init__(self, bootstrap: str, topic: str, signer: Signer | None = None,
-                 **client: Any) -> None:
+                 shards: Shards | None = None, **client: Any) -> None:
         self.topic = topic
         self.signer = signer
+        self.shards = shards
         self.sent = 0
         self.failed = 0
         self._producer = KafkaProducer(**{
@@ -62,7 +71,7 @@ class KafkaPublisher:
     def publish(self, sample: Sample) -> None:
         """Queue one sample (validated first: nothing off-contract leaves the node)."""
         value = encode_sample(sample)
-        future = self._producer.send(self.topic, key=sample["job"].encode(), value=value,
+        future = self._producer.send(self.topic, key=sample_key(sample, self.shards), value=value,
                                      headers=self.signer.headers(value) if self.signer else None)
         future.add_errback(self._on_error)
         self.sent += 1
@@ -82,8 +91,9 @@ class BufferedPublisher:
     def __init__(self, bootstrap: str, topic: str, capacity: int = 100_000,
                  max_in_flight: int = 2000, producer_factory: ProducerFactory | None = None,
                  spool: DiskSpool | None = None, signer: Signer | None = None,
-                 **client: Any) -> None:
+                 shards: Shards | None = None, **client: Any) -> None:
         self.topic = topic
+        self.shards = shards  # a job split in shards is keyed job#k/K
         self.signer = signer  # signs each value as it is sent (spooled ones too)
         self.spool = spool
         self.capacity = capacity
@@ -123,7 +133,7 @@ class BufferedPublisher:
 
     def publish(self, sample: Sample) -> None:
         """Validate, encode and buffer; never blocks on Kafka."""
-        item = (time.monotonic(), sample["job"].encode(), encode_sample(sample))
+        item = (time.monotonic(), sample_key(sample, self.shards), encode_sample(sample))
         with self._lock:
             if len(self._buffer) + self._in_flight >= self.capacity:
                 if self._buffer:

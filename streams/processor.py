@@ -129,6 +129,11 @@ class BatchProcessor:
         keys = cfg.identity.master_keys
         self.verifier = verifier_from(cfg.identity.verify, keys.reveal() if keys else "")
 
+    def route(self, sample: Sample, msg: Message) -> str:
+        """The key of the engine a sample of a job goes to: its job (stage 1 of a
+        sharded job keys by job and shard, ``streams/stage1.py``)."""
+        return sample["job"]
+
     def engine_for(self, job: str) -> JobEngine:
         """The job's live engine, recovered from its last checkpoint when not live."""
         engine = self.live.get(job)
@@ -222,6 +227,7 @@ class BatchProcessor:
                 sample = decode_sample_fast(event.value, dropped)
                 if self.verifier is not None:  # before detection: unproven is refused
                     self.verifier.check(sample["node"], event.value, msg.headers)
+                key = self.route(sample, msg) if sample["job"] else ""
             except ContractError as exc:
                 del dropped[mark:]  # a refused sample's readings are not counted
                 await self._refuse(event, exc)
@@ -230,8 +236,8 @@ class BatchProcessor:
             left = self.moves.left(sample)
             if left is not None:
                 moved.append((left, sample["node"]))
-            if sample["job"] and self._admit(sample["job"], False, msg, sample, now):
-                arrived[sample["job"]] = None
+            if key and self._admit(key, False, msg, sample, now):
+                arrived[key] = None
         self.metrics.samples.inc(good)  # once a batch: a counter's lock costs per call
         for (metric, reason), count in Counter((d.metric, d.reason) for d in dropped).items():
             self.metrics.readings_dropped.labels(metric, reason).inc(count)

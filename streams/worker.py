@@ -53,10 +53,11 @@ def _freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def run_worker(cfg: Config, replication_factor: int = 1) -> int:
+def run_worker(cfg: Config, replication_factor: int = 1, stage: int = 0) -> int:
     """Start the worker in this process; returns when Faust shuts down. Faust creates
     its changelog topics with ``replication_factor`` replicas (what Vigil's own topics
-    got from ``vigil.ops.kafka_admin.ensure_topics``)."""
+    got from ``vigil.ops.kafka_admin.ensure_topics``). ``stage``: 0 the one-stage
+    worker, 1 or 2 a stage of sharded detection (``streams.stage_app``)."""
     Path(cfg.worker.data_dir).mkdir(parents=True, exist_ok=True)
     metrics = WorkerMetrics()
     if cfg.worker.web_port:
@@ -64,7 +65,12 @@ def run_worker(cfg: Config, replication_factor: int = 1) -> int:
                           registry=metrics.registry)
         log.info("metrics on http://%s:%d/metrics", cfg.worker.metrics_bind,
                  cfg.worker.web_port)
-    app = build_app(cfg, metrics, replication_factor)
+    if stage:
+        from vigil_gpu_monitor.streams.stage_app import build_stage_app
+
+        app = build_stage_app(cfg, stage, metrics, replication_factor)
+    else:
+        app = build_app(cfg, metrics, replication_factor)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
     worker = _DeadlinedWorker(app, loglevel=level, quiet=True)
     worker.stop_seconds = cfg.worker.stop_seconds

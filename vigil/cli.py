@@ -73,6 +73,17 @@ def _config(cfg: Config, args: argparse.Namespace) -> int:
 
 
 
+def _shards(text: str) -> int:
+    """``--shards``: 1..64 stage-1 shards a job (an argparse error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"{value} shards: use 1-64")
+    return value
+
+
 def _processes(text: str) -> int:
     """``--jobs``: a process count, 1..254 (an argparse error otherwise, no traceback)."""
     try:
@@ -96,7 +107,7 @@ def _worker(cfg: Config, args: argparse.Namespace) -> int:
     from vigil_gpu_monitor.vigil.reach import require_kafka
     require_kafka(cfg)
     replication = ensure_topics(cfg)
-    return run_worker(cfg, replication.factor)
+    return run_worker(cfg, replication.factor, getattr(args, "stage", 0) or 0)
 
 
 
@@ -167,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--jobs", type=_processes, default=1, metavar="N",
                      help="replay the trace's jobs in N processes (same detections, same "
                           "order; a file, not stdin)")
+    rep.add_argument("--shards", type=_shards, default=1, metavar="K",
+                     help="split each job's nodes into K stage-1 shards and a stage 2, in "
+                          "one process (docs/sharding.md): the same detections as one stage")
 
     rpt = add("report", _command("report"),
               "a job's HTML report with per-GPU heatmaps and detections")
@@ -179,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--job", help="one job (default: the fleet)")
     gp.add_argument("--json", action="store_true", help="the whole summary as JSON")
 
-    add("worker", _worker, "run the Faust stream worker")
+    wk = add("worker", _worker, "run the Faust stream worker")
+    wk.add_argument("--stage", type=int, choices=(0, 1, 2), default=0,
+                    help="0: one stage (default); 1: stage 1 of sharded detection (samples "
+                         "to summaries); 2: stage 2 (summaries to detections); "
+                         "docs/sharding.md")
 
     ag = add("agent", _agent, "the node agent: sample this node's GPUs, NICs and host")
     ag.add_argument("--sources", help="comma list: nvml, fake-nvml, infiniband, host, dcgm, "

@@ -109,15 +109,20 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
     The trace may hold per-rank step timings (``vigil.step/1``) beside the samples, or
     instead of them."""
     from vigil_gpu_monitor.detectors.engine import ReplayRunner
+    from vigil_gpu_monitor.detectors.shard import ShardedReplayRunner
 
     processes = getattr(args, "jobs", 1) or 1
+    shards = getattr(args, "shards", 1) or 1
+    if processes > 1 and shards > 1:
+        raise VigilError("--jobs and --shards are not combined yet: use one of them")
     if processes > 1 and args.trace != "-" and not _compressed(args.trace):
         done = _replay_over_processes(args.trace, args.out, processes, cfg)
         if done:
             return 0
     from vigil_gpu_monitor.vigil.tracefile import read_samples
 
-    runner = ReplayRunner(cfg.detect)
+    runner: ReplayRunner | ShardedReplayRunner = (
+        ReplayRunner(cfg.detect) if shards <= 1 else ShardedReplayRunner(cfg.detect, shards))
     progress = Progress("replay")
     found = 0
     with _open(args.out, "wb") as out:
@@ -128,8 +133,12 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
             for detection in fed:
                 found += 1
                 out.write(encode_detection(detection) + b"\n")
-    late = sum(e.late for e in runner.engines.values())
-    progress.done(f"{len(runner.engines)} jobs, {found} detections, {late} late samples")
+    if isinstance(runner, ShardedReplayRunner):
+        jobs, late = len(runner.jobs), runner.late()
+    else:
+        jobs, late = len(runner.engines), sum(e.late for e in runner.engines.values())
+    progress.done(f"{jobs} jobs, {found} detections, {late} late samples"
+                  + (f", {shards} shards a job" if shards > 1 else ""))
     return 0
 
 

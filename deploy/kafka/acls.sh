@@ -22,8 +22,11 @@ $ACLS --add --allow-principal 'User:vigil-worker' --operation Read --topic 'vigi
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.detections'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.deadletter'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.status'
+$ACLS --add --allow-principal 'User:vigil-worker' --operation Read --topic 'vigil.summaries'
+$ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.summaries'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation All --topic 'vigil-worker-' --resource-pattern-type prefixed
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Read --group 'vigil-worker'
+$ACLS --add --allow-principal 'User:vigil-worker' --operation Read --group 'vigil-worker-stage' --resource-pattern-type prefixed
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Describe --topic 'vigil.' --resource-pattern-type prefixed
 $ACLS --add --allow-principal 'User:vigil-worker' --operation DescribeConfigs --cluster
 # alerter

@@ -61,6 +61,25 @@ def test_remediation_may_only_get_and_patch_nodes() -> None:
                               "verbs": ["get", "patch"]}]
 
 
+def test_the_sharded_topology_has_both_stages_sized_by_their_partitions() -> None:
+    """docs/sharding.md: stage 1 up to one replica a samples partition, stage 2 up
+    to one a summaries partition; both read the shared config."""
+    deployments = {d["metadata"]["name"]: d for d in _k8s_docs() if d["kind"] == "Deployment"}
+    config = yaml.safe_load(json.dumps(next(
+        d for d in _k8s_docs() if d["kind"] == "ConfigMap")["data"]))["vigil.toml"]
+    samples = int(config.split("samples_partitions = ")[1].split()[0])
+    for stage, partitions in (("1", samples), ("2", 4)):
+        d = deployments[f"vigil-stage{stage}"]
+        [container] = d["spec"]["template"]["spec"]["containers"]
+        assert container["args"][:3] == ["worker", "--stage", stage]
+        assert 1 <= d["spec"]["replicas"] <= partitions
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["VIGIL_KAFKA_SUMMARIES_PARTITIONS"] == "4"
+    compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yml").read_text())
+    assert compose["services"]["stage1"]["command"] == ["worker", "--stage", "1"]
+    assert compose["services"]["stage2"]["profiles"] == ["sharded"]
+
+
 def test_compose_file_validates_against_the_compose_spec() -> None:
     schema_file = resources.files("check_jsonschema") / "builtin_schemas" / "vendor" / \
         "compose-spec.json"

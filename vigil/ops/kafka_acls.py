@@ -78,8 +78,11 @@ def grants(cfg: Config) -> dict[str, list[Grant]]:
         "worker": [*topic(topics.SAMPLES, "READ"), *topic(topics.STEPS, "READ"),
                    *topic(topics.DETECTIONS, "WRITE"),
                    *topic(topics.DEADLETTER, "WRITE"), *topic(topics.STATUS, "WRITE"),
+                   # a sharded job's two stages (docs/sharding.md): their own groups
+                   *topic(topics.SUMMARIES, "READ", "WRITE"),
                    Grant("topic", f"{app}-", "ALL", "prefixed"),
-                   Grant("group", app, "READ"), *describe_all],
+                   Grant("group", app, "READ"),
+                   Grant("group", f"{app}-stage", "READ", "prefixed"), *describe_all],
         "alerter": [*topic(topics.DETECTIONS, "READ"), *topic(topics.STATUS, "READ"),
                     *topic(topics.SAMPLES, "READ"), *topic(topics.ALERTS, "WRITE"),
                     *topic(topics.ACTIONS, "WRITE"),

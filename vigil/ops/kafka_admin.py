@@ -96,6 +96,7 @@ def _ensure_topics(cfg: Config) -> Replication:
         topics.ALERTS: cfg.kafka.detections_partitions,
         topics.ACTIONS: 1,
         topics.STATUS: 1,
+        topics.SUMMARIES: cfg.kafka.summaries_partitions,
     }
     admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id="vigil-admin",
                              **cfg.kafka_client)
@@ -107,7 +108,9 @@ def _ensure_topics(cfg: Config) -> Replication:
         configs = {topics.SAMPLES: retention, topics.STEPS: retention,
             topics.STATUS: {"cleanup.policy": "compact,delete", "retention.ms": "3600000"},
             # a dead letter carries the refused message (up to 1 MiB, base64) and its reason
-            topics.DEADLETTER: {"max.message.bytes": str(4 << 20)}}
+            topics.DEADLETTER: {"max.message.bytes": str(4 << 20)},
+            # stage 2 reads each summary within seconds; a day covers any outage
+            topics.SUMMARIES: {"retention.ms": str(24 * 3600 * 1000)}}
         new = {names[name]: {"num_partitions": parts, "replication_factor": rep.factor,
                              "configs": {**configs.get(name, {}),
                                          "min.insync.replicas": str(rep.min_insync)}}

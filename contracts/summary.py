@@ -1,0 +1,239 @@
+"""Encode and decode ``vigil.summary/1``, the message from stage 1 to stage 2 of a
+sharded job (docs/contract.md, docs/sharding.md).
+
+A summary carries one shard's sealed bin: per node, the bin's means as base64 of
+float64 (exact, NaN kept: stage 2 assembles the bit-identical sealed window one stage
+holds), each node's health bookkeeping, and the health findings that fired on
+samples since the shard's last summary. A bin of many nodes is split into parts of
+at most ``NODES_PER_PART`` nodes, each part under the contract's message size. The
+validator is hand-written on the standard library, like the others; a summary that
+fails it raises ``ContractError`` (counted and dead-lettered by stage 2, never a
+crash).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterator
+from typing import Any, cast
+
+from vigil_gpu_monitor.contracts import SUMMARY_SCHEMA
+from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, NIC_METRICS
+from vigil_gpu_monitor.contracts.codec import (
+    DETECTION_KINDS,
+    MAX_GPUS,
+    MAX_MESSAGE_BYTES,
+    MAX_NICS,
+    SEVERITIES,
+    parse_json,
+)
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.messages import NodeHealth, NodeRows, Summary, SummaryEvent
+from vigil_gpu_monitor.contracts.names import job_problem, node_problem
+from vigil_gpu_monitor.contracts.shards import MAX_SHARDS
+
+NODES_PER_PART = 128  # ~2.3 KB a node of 8 GPUs and 8 NICs: ~300 KB a part
+MAX_PARTS = 1024
+MAX_BIN = 2 ** 53
+_FIELDS = {"schema", "job", "shard", "shards", "bin", "next_bin", "part", "parts", "bin_seconds",
+           "max_ts", "next_data_bin", "late", "declared", "gpu_metrics", "nic_metrics",
+           "nodes", "health", "events"}
+_ROW_FIELDS = {"gpus", "gpu_means", "nics", "nic_means"}
+_HEALTH_FIELDS = {"last", "cadence", "unplaced", "gpus"}
+_EVENT_FIELDS = {"ts", "kind", "node", "gpu", "severity", "metrics", "score", "summary",
+                 "since", "evidence", "fire_after"}
+
+
+def _bad(path: str, what: str) -> ContractError:
+    return ContractError("bad_summary", f"{path} {what}")
+
+
+def _int(value: Any, path: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(path, f"must be an integer {low}..{high}")
+    return value
+
+
+def _num(value: Any, path: str, *, null_ok: bool = False) -> float | None:
+    if value is None and null_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value \
+            or value in (float("inf"), float("-inf")):
+        raise _bad(path, "must be a finite number")
+    return float(value)
+
+
+def _strings(value: Any, path: str, limit: int) -> list[str]:
+    if not isinstance(value, list) or len(value) > limit \
+            or not all(isinstance(v, str) and 0 < len(v) <= 256 for v in value):
+        raise _bad(path, f"must be a list of at most {limit} names")
+    return value
+
+
+def _obj(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _bad(path, "must be an object")
+    return value
+
+
+def _means(value: Any, path: str, rows: int, width: int) -> None:
+    if not isinstance(value, str):
+        raise _bad(path, "must be base64 text")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise _bad(path, "is not base64") from None
+    if len(raw) != rows * width * 8:
+        raise _bad(path, f"holds {len(raw)} bytes, not {rows} devices x {width} metrics "
+                         "x 8 (float64)")
+
+
+def _rows(node: str, value: Any, gpu_width: int, nic_width: int) -> None:
+    row = _obj(value, f"nodes.{node}")
+    if set(row) != _ROW_FIELDS:
+        raise _bad(f"nodes.{node}", f"must have exactly the fields {sorted(_ROW_FIELDS)}")
+    gpus = _strings(row["gpus"], f"nodes.{node}.gpus", MAX_GPUS)
+    nics = _strings(row["nics"], f"nodes.{node}.nics", MAX_NICS)
+    _means(row["gpu_means"], f"nodes.{node}.gpu_means", len(gpus), gpu_width)
+    _means(row["nic_means"], f"nodes.{node}.nic_means", len(nics), nic_width)
+
+
+def _health(node: str, value: Any) -> None:
+    path = f"health.{node}"
+    state = _obj(value, path)
+    if set(state) != _HEALTH_FIELDS:
+        raise _bad(path, f"must have exactly the fields {sorted(_HEALTH_FIELDS)}")
+    _num(state["last"], f"{path}.last", null_ok=True)
+    cadence = state["cadence"]
+    if cadence is not None and (not isinstance(cadence, list) or len(cadence) not in (2, 4)):
+        raise _bad(f"{path}.cadence", "must be null, [interval, ticks due, arrivals, own "
+                   "clock's last time] or, kept from an older state, [interval, mean gap]")
+    for i, v in enumerate(cadence or []):
+        _num(v, f"{path}.cadence[{i}]")
+    if not isinstance(state["unplaced"], bool):
+        raise _bad(f"{path}.unplaced", "must be true or false")
+    gpus = _obj(state["gpus"], f"{path}.gpus")
+    if len(gpus) > MAX_GPUS:
+        raise _bad(f"{path}.gpus", f"holds more than {MAX_GPUS} GPUs")
+    for gpu, g in gpus.items():
+        g = _obj(g, f"{path}.gpus.{gpu}")
+        _num(g.get("last"), f"{path}.gpus.{gpu}.last")
+        if "thr" not in g:
+            raise _bad(f"{path}.gpus.{gpu}", "lacks thr (null: not throttled)")
+        _num(g["thr"], f"{path}.gpus.{gpu}.thr", null_ok=True)
+        for key in ("event", "remap"):
+            if key in g:
+                _obj(g[key], f"{path}.gpus.{gpu}.{key}")
+
+
+def _event(i: int, value: Any) -> None:
+    path = f"events[{i}]"
+    ev = _obj(value, path)
+    if set(ev) != _EVENT_FIELDS:
+        raise _bad(path, f"must have exactly the fields {sorted(_EVENT_FIELDS)}")
+    if ev["kind"] not in DETECTION_KINDS:
+        raise _bad(f"{path}.kind", f"must be one of {DETECTION_KINDS}")
+    if ev["severity"] not in SEVERITIES:
+        raise _bad(f"{path}.severity", f"must be one of {SEVERITIES}")
+    for key in ("node", "gpu"):
+        if ev[key] is not None and not isinstance(ev[key], str):
+            raise _bad(f"{path}.{key}", "must be a string or null")
+    _num(ev["ts"], f"{path}.ts")
+    _num(ev["since"], f"{path}.since")
+    _num(ev["score"], f"{path}.score")
+    _strings(ev["metrics"], f"{path}.metrics", 64)
+    if not isinstance(ev["summary"], str):
+        raise _bad(f"{path}.summary", "must be a string")
+    _obj(ev["evidence"], f"{path}.evidence")
+    if ev["fire_after"] is not None:
+        _int(ev["fire_after"], f"{path}.fire_after", 0, 1 << 20)
+
+
+def validate_summary(message: Any) -> Summary:
+    """Check one decoded ``vigil.summary/1``; return it or raise ``ContractError``."""
+    msg = _obj(message, "summary")
+    if msg.get("schema") != SUMMARY_SCHEMA:
+        raise ContractError("unknown_schema",
+                            f"schema {msg.get('schema')!r}, expected {SUMMARY_SCHEMA!r}")
+    if set(msg) != _FIELDS:
+        extra, missing = set(msg) - _FIELDS, _FIELDS - set(msg)
+        raise ContractError("unknown_field" if extra else "missing_field",
+                            f"unexpected {sorted(extra)}, missing {sorted(missing)}")
+    if not isinstance(msg["job"], str) or not msg["job"] or job_problem(msg["job"]):
+        raise ContractError("bad_name", f"job {msg['job']!r} is not a job id")
+    shards = _int(msg["shards"], "shards", 1, MAX_SHARDS)
+    _int(msg["shard"], "shard", 0, shards - 1)
+    if msg["bin"] is not None:
+        _int(msg["bin"], "bin", -MAX_BIN, MAX_BIN)
+    if msg["next_bin"] is not None:
+        _int(msg["next_bin"], "next_bin", -MAX_BIN, MAX_BIN)
+    if msg["next_data_bin"] is not None:
+        _int(msg["next_data_bin"], "next_data_bin", -MAX_BIN, MAX_BIN)
+    parts = _int(msg["parts"], "parts", 1, MAX_PARTS)
+    _int(msg["part"], "part", 0, parts - 1)
+    if (_num(msg["bin_seconds"], "bin_seconds") or 0.0) <= 0:
+        raise _bad("bin_seconds", "must be positive")
+    _num(msg["max_ts"], "max_ts", null_ok=True)
+    _int(msg["late"], "late", 0, 1 << 62)
+    if msg["declared"] is not None and not isinstance(msg["declared"], bool):
+        raise _bad("declared", "must be true, false or null")
+    gpu_metrics = _strings(msg["gpu_metrics"], "gpu_metrics", len(GPU_METRICS))
+    nic_metrics = _strings(msg["nic_metrics"], "nic_metrics", len(NIC_METRICS))
+    unknown = (set(gpu_metrics) - set(GPU_METRICS)) | (set(nic_metrics) - set(NIC_METRICS))
+    if unknown:
+        raise _bad("gpu_metrics/nic_metrics", f"name unknown metrics {sorted(unknown)}")
+    nodes = _obj(msg["nodes"], "nodes")
+    health = _obj(msg["health"], "health")
+    for node in (*nodes, *health):
+        if node_problem(node):
+            raise ContractError("bad_name", f"node {node[:80]!r} is not a host name")
+    if len(nodes) > NODES_PER_PART or len(health) > NODES_PER_PART:
+        raise _bad("nodes", f"more than {NODES_PER_PART} nodes in one part")
+    for node, rows in nodes.items():
+        _rows(node, rows, len(gpu_metrics), len(nic_metrics))
+    for node, state in health.items():
+        _health(node, state)
+    events = msg["events"]
+    if not isinstance(events, list):
+        raise _bad("events", "must be a list")
+    for i, ev in enumerate(events):
+        _event(i, ev)
+    return cast(Summary, msg)
+
+
+def decode_summary(raw: bytes | str) -> Summary:
+    """Bytes from Kafka → a validated summary (``ContractError`` otherwise)."""
+    return validate_summary(parse_json(raw))
+
+
+def encode_summary(summary: Summary) -> bytes:
+    """A summary → compact UTF-8 JSON, validated first; ``ContractError`` when it
+    would exceed the contract's message size."""
+    raw = json.dumps(validate_summary(summary), separators=(",", ":"), allow_nan=False,
+                     ensure_ascii=False).encode()
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ContractError("too_large", f"summary part of {len(raw)} bytes > "
+                                         f"{MAX_MESSAGE_BYTES}: fewer nodes a part")
+    return raw
+
+
+def split_parts(summary: Summary) -> Iterator[Summary]:
+    """The summary as parts of at most ``NODES_PER_PART`` nodes each (rows and health
+    of a node travel in one part; events in the first)."""
+    names = sorted(set(summary["nodes"]) | set(summary["health"]))
+    chunks = [names[i:i + NODES_PER_PART] for i in range(0, len(names), NODES_PER_PART)]
+    chunks = chunks or [[]]
+    for k, chunk in enumerate(chunks):
+        part: Summary = {**summary, "part": k, "parts": len(chunks),
+                         "nodes": {n: summary["nodes"][n] for n in chunk
+                                   if n in summary["nodes"]},
+                         "health": {n: summary["health"][n] for n in chunk
+                                    if n in summary["health"]},
+                         "events": summary["events"] if k == 0 else []}
+        yield part
+
+
+__all__ = ["NODES_PER_PART", "NodeHealth", "NodeRows", "SummaryEvent", "decode_summary",
+           "encode_summary", "split_parts", "validate_summary"]

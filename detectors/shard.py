@@ -1,0 +1,496 @@
+"""One job's detection in two stages: stage 1 per shard of its nodes, stage 2 per job
+(issue #46, docs/sharding.md).
+
+The seam is the sealed node bin. Stage 1 (``ShardEngine``, keyed by job and shard)
+runs the one-stage engine's ingest unchanged (``JobEngine.fold``: clock placement,
+held readings, the open bins, per-sample health) for its nodes, seals a bin when
+told, and sends a ``vigil.summary/1`` (``contracts/summary.py``): each node's bin
+means, each node's health bookkeeping, and the health findings that fired on its
+samples. Stage 2 (``JobStage2``, keyed by job) assembles the shards' rows of a bin
+into exactly the sealed bin one stage holds, takes the union of the shards' health
+state, and runs the one-stage evaluation unchanged (``JobEngine._evaluate``: every
+window detector, silence, the incident tracker, cost).
+
+Two inputs of stage 1 are job-wide (docs/sharding.md): the job's clock (each node's
+offset is against the median clock of all the job's nodes) and the job's watermark
+(which bins are closed, which samples late). Stage 2 owns them and feeds them back:
+here, in one process, by sharing the clock and handing the watermark to a shard
+before each sample (``follow``), so the shards decide what one stage decides;
+across Kafka, by the job-clock message a round trip later.
+
+What differs from one stage, by design: a health finding that fires on a sample
+carries ``evidence.job_nodes`` as stage 2 last counted the job's nodes (at the last
+bin), where one stage counts them at that sample.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from vigil_gpu_monitor.contracts import SUMMARY_SCHEMA
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.messages import (
+    Detection,
+    NodeHealth,
+    NodeRows,
+    Sample,
+    StepBatch,
+    Summary,
+    SummaryEvent,
+)
+from vigil_gpu_monitor.contracts.shards import SHARD_SEPARATOR, shard_of
+from vigil_gpu_monitor.detectors.clocks import ClockOffsets
+from vigil_gpu_monitor.detectors.engine import JobEngine, NodeMoves
+from vigil_gpu_monitor.detectors.findings import Finding
+from vigil_gpu_monitor.detectors.health import FORGET_SECONDS, HealthMonitor
+from vigil_gpu_monitor.detectors.window import Entity, SealedSection
+
+Deliver = Callable[[Summary], Summary]  # a summary as stage 2 receives it
+
+
+def event_of(ts: float, f: Finding) -> SummaryEvent:
+    """A finding that fired on a sample at ``ts`` (job clock), as a summary carries it."""
+    return {"ts": ts, "kind": f.kind, "node": f.node, "gpu": f.gpu, "severity": f.severity,
+            "metrics": list(f.metrics), "score": f.score, "summary": f.summary,
+            "since": f.since, "evidence": f.evidence, "fire_after": f.fire_after}
+
+
+def finding_of(ev: SummaryEvent) -> Finding:
+    """The finding a summary's event carries."""
+    return Finding(ev["kind"], ev["node"], ev["gpu"], ev["severity"], tuple(ev["metrics"]),
+                   ev["score"], ev["summary"], ev["since"], ev["evidence"], ev["fire_after"])
+
+
+def forget_stale(health: HealthMonitor, now: float) -> None:
+    """What ``HealthMonitor.evaluate`` forgets at ``now`` (GPUs and nodes unheard for
+    ``FORGET_SECONDS``): a shard forgets it too before it sends its nodes' state, or
+    the next summary would bring back what stage 2 forgot."""
+    for key in [k for k, g in health.gpus.items() if now - g["last"] > FORGET_SECONDS]:
+        del health.gpus[key]
+    for node in [n for n, t in health.nodes.items() if now - t > FORGET_SECONDS]:
+        del health.nodes[node]
+        health.cadence.pop(node, None)
+
+
+def node_health(health: HealthMonitor) -> dict[str, NodeHealth]:
+    """A health monitor's state now, node by node (the summary's ``health``)."""
+    out: dict[str, NodeHealth] = {}
+    for node, last in health.nodes.items():
+        out[node] = {"last": last, "cadence": health.cadence.get(node),
+                     "unplaced": node in health.unplaced, "gpus": {}}
+    for key, g in health.gpus.items():
+        node, gpu = key.rsplit("/", 1)
+        mine = out.get(node)
+        if mine is None:
+            mine = out[node] = {"last": None, "cadence": health.cadence.get(node),
+                                "unplaced": node in health.unplaced, "gpus": {}}
+        # a copy: the monitor changes a GPU's state in place as samples come, and a
+        # summary must say what it was when its bin sealed (``remap`` is changed in
+        # place too; an ``event`` is replaced whole)
+        mine["gpus"][gpu] = {**g, "remap": dict(g["remap"])} if "remap" in g else dict(g)
+    return out
+
+
+class ShardEngine:
+    """Stage 1: one shard's nodes of a job. Its ``engine`` is the one-stage engine,
+    of which it runs the ingest and the seal, never the detectors."""
+
+    def __init__(self, job: str, shard: int, shards: int, cfg: DetectConfig,
+                 state: dict[str, Any] | None = None) -> None:
+        # ``job``: the samples key it is kept under (the job id, or ``job#k/K``)
+        self.job = job if shards <= 1 else f"{job}{SHARD_SEPARATOR}{shard}/{shards}"
+        self.shard, self.shards = shard, shards
+        self.engine = JobEngine(job, cfg, state)
+        self.cfg = cfg
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able state (the engine's: window, held, health, clocks, watermark)."""
+        return self.engine.to_state()
+
+    def follow(self, max_ts: float | None, next_bin: int | None) -> None:
+        """The job's watermark, fed back by stage 2: samples of bins the job has
+        closed are late here too, and bins the job closed are sealed."""
+        e = self.engine
+        if max_ts is not None:
+            e.max_ts = max_ts if e.max_ts is None else max(e.max_ts, max_ts)
+        if next_bin is not None and e.max_ts is not None:
+            e.next_bin = next_bin if e.next_bin is None else max(e.next_bin, next_bin)
+
+    def ingest(self, sample: Sample) -> list[Summary]:
+        """Fold one validated sample of this shard's nodes in; a summary of only events
+        when health findings fired on it (sent at once: an XID does not wait for its
+        bin to close)."""
+        ts, found = self.engine.fold(sample)
+        if not found:
+            return []
+        return [self._summary(None, [event_of(ts, f) for f in found], health=False)]
+
+    def seal(self, b: int) -> Summary:
+        """Seal bin ``b`` and summarise it: each node's means and every node's health
+        state (what one stage's evaluation of ``b`` would read of these nodes)."""
+        e = self.engine
+        e.window.seal(b)
+        forget_stale(e.health, (b + 1) * self.cfg.bin_seconds)
+        summary = self._summary(b, [], health=True)
+        e.window.drop_before(b)  # the summary has it; the last bin shares device lists
+        return summary
+
+    def seal_closed(self) -> list[Summary]:
+        """Summaries of every bin this shard's own watermark closed (with the job's
+        fed back by ``follow``): how a shard runs without a shared watermark."""
+        e = self.engine
+        out = [self.seal(b) for b in e.close_bins(e.window.first_bin_from, lambda b: None)]
+        if out:
+            e.forget_old()
+        return out
+
+    def node_left(self, node: str) -> None:
+        """The node now reports under another job: forget it here."""
+        self.engine.node_left(node)
+
+    def _summary(self, b: int | None, events: list[SummaryEvent], health: bool) -> Summary:
+        e = self.engine
+        nodes: dict[str, NodeRows] = {}
+        sealed = e.window.sealed.get(str(b)) if b is not None else None
+        if sealed is not None:
+            rows: dict[str, dict[str, list[Any]]] = {}
+            for section in ("g", "n"):
+                part = sealed[section]
+                for i, (node, dev) in enumerate(part.devices):
+                    mine = rows.setdefault(node, {"g": [], "n": [], "gi": [], "ni": []})
+                    mine[section].append(dev)
+                    mine[section + "i"].append(i)
+            for node, mine in rows.items():
+                nodes[node] = {
+                    "gpus": mine["g"], "nics": mine["n"],
+                    "gpu_means": _b64(sealed["g"].means, mine["gi"]),
+                    "nic_means": _b64(sealed["n"].means, mine["ni"])}
+        following = e.window.first_bin_from(b + 1) if b is not None else None
+        return {"schema": SUMMARY_SCHEMA, "job": e.job, "shard": self.shard,
+                "shards": self.shards, "bin": b, "next_bin": e.next_bin, "part": 0, "parts": 1,
+                "bin_seconds": self.cfg.bin_seconds, "max_ts": e.max_ts,
+                "next_data_bin": following, "late": e.late,
+                "declared": e.sync_memory.get("declared"),
+                "gpu_metrics": list(e.window.gpu_metrics),
+                "nic_metrics": list(e.window.nic_metrics),
+                "nodes": nodes, "health": node_health(e.health) if health else {},
+                "events": events}
+
+
+def _b64(means: np.ndarray[Any, Any], rows: list[int]) -> str:
+    if not rows:
+        return ""
+    first, last = rows[0], rows[-1]
+    block = means[first:last + 1] if last - first + 1 == len(rows) else means[rows]
+    return base64.b64encode(np.ascontiguousarray(block, dtype="<f8").tobytes()).decode()
+
+
+class JobStage2:
+    """Stage 2: a job's evaluation over its shards' summaries. Its ``engine`` is the
+    one-stage engine whose window holds only sealed bins, assembled from summaries,
+    and whose health monitor holds the union of the shards' nodes."""
+
+    def __init__(self, job: str, shards: int, cfg: DetectConfig,
+                 state: dict[str, Any] | None = None) -> None:
+        state = state or {}
+        self.job, self.shards, self.cfg = job, shards, cfg
+        self.engine = JobEngine(job, cfg, state.get("engine"))
+        # bin → shard → the nodes' rows received (parts merged); parts still missing
+        self.bins: dict[int, dict[int, dict[str, NodeRows]]] = {
+            int(b): {int(k): v for k, v in shards_.items()}
+            for b, shards_ in state.get("bins", {}).items()}
+        self.parts_seen: dict[str, list[int]] = state.get("parts_seen", {})  # "bin/shard"
+        self.newest: dict[str, float] = state.get("newest", {})  # shard → its max_ts
+        self.node_state: dict[str, NodeHealth] = state.get("node_state", {})
+        self.owner: dict[str, int] = state.get("owner", {})  # node → its shard
+        self.late: dict[str, int] = state.get("late", {})  # shard → its late samples
+        self.done: dict[str, int] = state.get("done", {})  # shard → last bin summarised
+        # bin → shard → its nodes' health as it sealed that bin (what one stage's
+        # evaluation of the bin reads of them)
+        self.health_at: dict[str, dict[str, dict[str, NodeHealth]]] = state.get(
+            "health_at", {})
+        # [the bin before whose evaluation it applies (null: at once), event]
+        self.events: list[list[Any]] = state.get("events", [])
+        self._devices: dict[str, list[Entity]] = {}
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able state: the engine's, and the summaries not yet evaluated."""
+        return {"engine": self.engine.to_state(),
+                "bins": {str(b): {str(k): v for k, v in s.items()} for b, s in self.bins.items()},
+                "parts_seen": self.parts_seen, "newest": self.newest,
+                "node_state": self.node_state,
+                "owner": self.owner, "late": self.late, "done": self.done,
+                "health_at": self.health_at, "events": self.events}
+
+    def receive(self, summary: Summary) -> list[Detection]:
+        """Take one validated summary part in: its events go through the incident
+        tracker at once (as one stage does at their sample); its rows and health wait
+        for the bin's evaluation. ``ContractError`` for a summary of another job or
+        window layout (nothing of it is used)."""
+        e = self.engine
+        if summary["job"] != self.job or summary["shards"] != self.shards:
+            raise ContractError("bad_summary", f"summary of {summary['job']} in "
+                                f"{summary['shards']} shards sent to {self.job} in "
+                                f"{self.shards}")
+        if (summary["gpu_metrics"] != list(e.window.gpu_metrics)
+                or summary["nic_metrics"] != list(e.window.nic_metrics)
+                or summary["bin_seconds"] != self.cfg.bin_seconds):
+            raise ContractError("bad_summary", "summary metrics or bin differ from stage 2's "
+                                "(stages of two versions or configurations)")
+        shard = summary["shard"]
+        self.late[str(shard)] = max(self.late.get(str(shard), 0), summary["late"])
+        e.late = sum(self.late.values())
+        if summary["declared"] is not None:
+            e.sync_memory["declared"] = summary["declared"]
+        # an event applies where one stage applied it: after the bins its shard had
+        # sealed when its sample came, before the next one
+        self.events.extend([summary["next_bin"], ev] for ev in summary["events"])
+        out = self._release(e.next_bin)
+        b = summary["bin"]
+        if b is None:
+            return out
+        if summary["max_ts"] is not None:
+            self.newest[str(shard)] = max(self.newest.get(str(shard), summary["max_ts"]),
+                                          summary["max_ts"])
+        done = self.done.get(str(shard))
+        if (done is not None and b <= done) or (e.next_bin is not None and b < e.next_bin):
+            return out  # sent again after a stage-1 restart: already taken
+        key = f"{b}/{shard}"
+        seen = self.parts_seen.setdefault(key, [])
+        if summary["part"] in seen:
+            return out
+        seen.append(summary["part"])
+        self.bins.setdefault(b, {}).setdefault(shard, {}).update(summary["nodes"])
+        self.health_at.setdefault(str(b), {}).setdefault(str(shard), {}).update(
+            summary["health"])
+        if len(seen) == summary["parts"]:
+            del self.parts_seen[key]
+            self.done[str(shard)] = b
+        return out
+
+    def _release(self, upto: int | None) -> list[Detection]:
+        """Send the events due before bin ``upto`` is evaluated through the tracker,
+        in the order they came (None: none is due yet, stage 2 has not started)."""
+        if upto is None or not self.events:
+            return []
+        e = self.engine
+        out: list[Detection] = []
+        keep = []
+        for tag, ev in self.events:
+            if tag is None or tag <= upto:
+                out.extend(e._with_job_size(e.tracker.update(ev["ts"], [finding_of(ev)],
+                                                             set())))
+            else:
+                keep.append([tag, ev])
+        self.events = keep
+        return out
+
+    def evaluate_ready(self) -> list[Detection]:
+        """Evaluate, in order, every bin all shards have summarised (each shard's
+        summaries come in its order: a bin it skipped, after a long gap, is empty
+        there). How stage 2 runs over Kafka, where the shards seal by their own
+        watermarks. Every shard is waited for, always: one behind (a backlog, a
+        stage-1 worker restarting) is not a silent one. A shard with no node never
+        reports, and stalls its job: ``K = ceil(nodes / shard_nodes)`` with
+        ``shard_nodes`` >= 16 leaves one empty about once in 65,000 jobs of 17 nodes
+        (the job-clock feedback, not built, would let stage 1 seal it)."""
+        e = self.engine
+        if len(self.done) < self.shards:
+            return []  # a shard not heard from yet (a backlog may hold it back)
+        closed = min(self.done.values()) + 1
+        if e.next_bin is None:
+            e.next_bin = min(self.bins, default=closed)
+        e.max_ts = max(self.newest.values(), default=None)
+
+        def first_bin_from(b: int) -> int | None:
+            return min((k for k, v in self.bins.items() if k >= b and any(v.values())),
+                       default=None)
+
+        out: list[Detection] = []
+        e._skip_gap(closed, first_bin_from)
+        evaluated = False
+        while e.next_bin < closed:
+            out.extend(self.evaluate(e.next_bin))
+            e.next_bin += 1
+            evaluated = True
+            e._skip_gap(closed, first_bin_from)
+        if evaluated:
+            self.forget_old()
+        return out + self._release(e.next_bin)
+
+    def _take_health(self, shard: int, fresh: dict[str, NodeHealth]) -> None:
+        """A shard's whole health state as it sealed a bin: it replaces what stage 2
+        held of that shard's nodes."""
+        for node in [n for n, k in self.owner.items() if k == shard and n not in fresh]:
+            del self.owner[node]
+            self.node_state.pop(node, None)
+        for node, state in fresh.items():
+            self.owner[node] = shard
+            self.node_state[node] = state
+
+    def complete(self, b: int) -> bool:
+        """Whether every shard has summarised bin ``b`` (or a later one)."""
+        return all(self.done.get(str(k), b - 1) >= b for k in range(self.shards))
+
+    def evaluate(self, b: int) -> list[Detection]:
+        """Evaluate bin ``b`` as one stage does: its assembled sealed bin in the
+        window, the shards' health state in the health monitor."""
+        e = self.engine
+        out = self._release(b)
+        for at in sorted((k for k in self.health_at if int(k) <= b), key=int):
+            for shard, fresh in self.health_at.pop(at).items():
+                self._take_health(int(shard), fresh)
+        self._assemble(b)
+        h = e.health
+        h.gpus = {f"{node}/{gpu}": g for node, st in self.node_state.items()
+                  for gpu, g in st["gpus"].items()}
+        h.nodes = {node: st["last"] for node, st in self.node_state.items()
+                   if st["last"] is not None}
+        h.cadence = {node: st["cadence"] for node, st in self.node_state.items()
+                     if st["cadence"] is not None}
+        h.unplaced = {node for node, st in self.node_state.items() if st["unplaced"]}
+        return out + e._evaluate(b)
+
+    def _assemble(self, b: int) -> None:
+        """Bin ``b``'s shards' rows as the one-stage sealed bin: devices sorted by node
+        and device (each node's rows come sorted), means stacked in that order."""
+        received = self.bins.pop(b, {})
+        rows = {node: r for part in received.values() for node, r in part.items()}
+        if not rows:
+            return
+        w = self.engine.window
+        sealed: dict[str, SealedSection] = {}
+        for section, names, means_key, width in (
+                ("g", "gpus", "gpu_means", len(w.gpu_metrics)),
+                ("n", "nics", "nic_means", len(w.nic_metrics))):
+            devices: list[Entity] = []
+            blocks: list[bytes] = []
+            for node in sorted(rows):
+                r: Any = rows[node]
+                devs = r[names]
+                if devs:
+                    devices.extend((node, d) for d in devs)
+                    blocks.append(binascii.a2b_base64(r[means_key]))  # validated on decode
+            before = self._devices.get(section)
+            if before is not None and before == devices:
+                devices = before  # consecutive bins share one list, as sealing shares it
+            self._devices[section] = devices
+            # one buffer for the whole bin: a numpy array a node cost a third of a step
+            means = np.frombuffer(b"".join(blocks), dtype="<f8").astype(np.float64).reshape(
+                len(devices), width)
+            sealed[section] = SealedSection(devices, means)
+        w.sealed[str(b)] = sealed
+
+    def forget_old(self) -> None:
+        """After bins were evaluated: what one stage forgets then."""
+        self.engine.forget_old()
+        first = self.engine.next_bin
+        if first is not None:
+            for b in [b for b in self.bins if b < first]:
+                del self.bins[b]
+
+
+class ShardedJob:
+    """A job's two stages in one process, the watermark and clock fed back at once:
+    ``vigil replay --shards K`` and the equality tests. ``deliver`` is what a summary
+    goes through on its way (default: as is; the tests encode and decode it)."""
+
+    def __init__(self, job: str, shards: int, cfg: DetectConfig,
+                 deliver: Deliver | None = None) -> None:
+        self.stage2 = JobStage2(job, shards, cfg)
+        self.shards = [ShardEngine(job, k, shards, cfg) for k in range(shards)]
+        self.deliver = deliver or (lambda s: s)
+        clock = ClockOffsets()
+        for shard in self.shards:  # one clock for the job: the feedback, without delay
+            shard.engine.clocks = clock
+        self.summaries = 0
+
+    def _send(self, summary: Summary) -> list[Detection]:
+        self.summaries += 1
+        return self.stage2.receive(self.deliver(summary))
+
+    def feed(self, sample: Sample) -> list[Detection]:
+        """One validated sample of this job: its shard ingests it, then every bin the
+        job's watermark closed is sealed by every shard and evaluated by stage 2."""
+        job = self.stage2.engine
+        shard = self.shards[shard_of(sample["node"], len(self.shards))]
+        e = shard.engine
+        e.max_ts, e.next_bin = job.max_ts, job.next_bin
+        summaries = shard.ingest(sample)
+        job.max_ts, job.next_bin = e.max_ts, e.next_bin
+        out: list[Detection] = []
+        for summary in summaries:
+            out.extend(self._send(summary))
+        return out + self._advance()
+
+    def feed_steps(self, batch: StepBatch) -> list[Detection]:
+        """A step batch goes to stage 2 (keyed by job), as it moves the watermark too."""
+        self.stage2.engine.ingest_steps(batch)
+        return self._advance()
+
+    def node_left(self, node: str) -> None:
+        """The node left the job: its shard forgets it (stage 2 with its next bin)."""
+        self.shards[shard_of(node, len(self.shards))].node_left(node)
+
+    def _advance(self) -> list[Detection]:
+        job = self.stage2.engine
+        out: list[Detection] = []
+
+        def first_bin_from(b: int) -> int | None:
+            found = [f for s in self.shards
+                     if (f := s.engine.window.first_bin_from(b)) is not None]
+            return min(found, default=None)
+
+        def seal(b: int) -> None:
+            for shard in self.shards:
+                out.extend(self._send(shard.seal(b)))
+
+        closed_any = False
+        for b in job.close_bins(first_bin_from, seal):
+            closed_any = True
+            out.extend(self.stage2.evaluate(b))
+        if closed_any:
+            for shard in self.shards:
+                shard.engine.max_ts, shard.engine.next_bin = job.max_ts, job.next_bin
+                shard.engine.forget_old()
+            self.stage2.forget_old()
+        return out
+
+
+class ShardedReplayRunner:
+    """``ReplayRunner`` with every job split into ``shards`` stage-1 shards and a
+    stage 2 (``ShardedJob``): what it publishes must equal the one-stage runner's."""
+
+    def __init__(self, cfg: DetectConfig, shards: int, deliver: Deliver | None = None) -> None:
+        self.cfg, self.shards, self.deliver = cfg, shards, deliver
+        self.jobs: dict[str, ShardedJob] = {}
+        self.moves = NodeMoves()
+
+    def _job(self, job: str) -> ShardedJob:
+        found = self.jobs.get(job)
+        if found is None:
+            found = self.jobs[job] = ShardedJob(job, self.shards, self.cfg, self.deliver)
+        return found
+
+    def feed(self, sample: Sample) -> list[Detection]:
+        """Ingest one validated sample and return any detections it triggers."""
+        left = self.moves.left(sample)
+        if left is not None and left in self.jobs:
+            self.jobs[left].node_left(sample["node"])
+        if not sample["job"]:
+            return []
+        return self._job(sample["job"]).feed(sample)
+
+    def feed_steps(self, batch: StepBatch) -> list[Detection]:
+        """Ingest one validated step batch and return any detections it triggers."""
+        return self._job(batch["job"]).feed_steps(batch)
+
+    def late(self) -> int:
+        """Late samples over every job's shards."""
+        return sum(s.engine.late for j in self.jobs.values() for s in j.shards)

@@ -1,0 +1,136 @@
+"""Stage 1 of a sharded job's detection (docs/sharding.md): a shard's samples in,
+``vigil.summary/1`` out.
+
+Agents key a sample of a job split in K shards ``job#k/K`` (``contracts/shards.py``;
+a job of one shard keeps the job id as its key). Each
+(job, shard) has a ``ShardEngine``: the one-stage ingest (clock, held readings, open
+bins, per-sample health) for its nodes; every bin its watermark closes is sealed and
+summarised, and health findings that fire on a sample are summarised at once. The
+summaries go to ``vigil.summaries`` keyed by job, split in parts that fit a message.
+
+Everything else is the one-stage worker's (``streams.processor.BatchProcessor``):
+decoding, dead letters, identity checks, the offset guard, checkpoints of each
+shard's state to its changelogged table every ``worker.checkpoint_steps`` bins, and
+commits never past a sample some checkpoint lacks. After a crash a shard resumes
+from its checkpoint and sends the summaries since again, the same ones (its state is
+a function of its samples): stage 2 ignores a part it already has.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import MutableMapping
+from typing import Any, Protocol
+
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.messages import JobStatus, Sample, Summary, WorkerStatus
+from vigil_gpu_monitor.contracts.shards import shard_key, shard_of, split_key
+from vigil_gpu_monitor.contracts.status import worker_status
+from vigil_gpu_monitor.contracts.summary import encode_summary, split_parts
+from vigil_gpu_monitor.detectors.shard import ShardEngine
+from vigil_gpu_monitor.streams.align import Held, JobAligner
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.streams.processor import SOURCE_OFFSETS, BatchProcessor, Item, Message
+from vigil_gpu_monitor.streams.state_codec import decode_state, encode_state
+
+
+class SummaryOutlets(Protocol):
+    """Where stage 1's output goes (Faust topics in the worker)."""
+
+    async def summary(self, key: bytes, value: bytes) -> None: ...
+
+    async def deadletter(self, key: bytes | None, value: bytes) -> None: ...
+
+
+class Stage1Processor(BatchProcessor):
+    """One stage-1 worker's live shards and the one-stage worker's bookkeeping."""
+
+    def __init__(self, cfg: Config, metrics: WorkerMetrics, outlets: SummaryOutlets,
+                 checkpoints: MutableMapping[bytes, Any], worker_id: str) -> None:
+        super().__init__(cfg, metrics, outlets, checkpoints, worker_id)  # type: ignore[arg-type]
+        self.summary_outlets = outlets
+        self.shards_of: dict[str, tuple[str, int, int]] = {}  # key → (job, shard, shards)
+        self.summaries_sent = 0
+
+    def route(self, sample: Sample, msg: Message) -> str:
+        """The shard's key, ``job#k/K`` as the agent keyed it (``job`` alone: one
+        shard). The key must name the sample's job and the shard its node falls in,
+        else ``bad_key``."""
+        raw = msg.key.decode(errors="replace") if msg.key else sample["job"]
+        job, shard, shards = split_key(raw)
+        if job != sample["job"] or shard != shard_of(sample["node"], shards):
+            raise ContractError("bad_key", f"key {raw[:80]!r} does not name job "
+                                f"{sample['job']!r} and the shard of node {sample['node']!r}")
+        key = shard_key(job, sample["node"], shards)
+        self.shards_of[key] = (job, shard, shards)
+        return key
+
+    def engine_for(self, job: str) -> ShardEngine:  # type: ignore[override]
+        """The shard's live engine, recovered from its last checkpoint when not live."""
+        engine: Any = self.live.get(job)
+        if engine is None:
+            state = decode_state(self.checkpoints.get(job.encode()))
+            name, shard, shards = self.shards_of.get(job) or _unpack(state, job)
+            engine = ShardEngine(name, shard, shards, self.cfg.detect,
+                                 (state or {}).get("engine"))
+            self.live[job] = engine
+            self.folded[job] = {(False, int(p)): int(o) for p, o in
+                                ((state or {}).get(SOURCE_OFFSETS) or {}).items()}
+            # stage 1 reads samples alone: nothing waits for step timings
+            self.aligners[job] = JobAligner(self.align_params, time.monotonic(),
+                                            {"timed": False})
+            self.metrics.jobs.set(len(self.live))
+        assert isinstance(engine, ShardEngine)
+        return engine
+
+    def checkpoint(self, engine: Any) -> None:
+        """The shard's state with the offsets it has folded in (as one stage's)."""
+        state = {"engine": engine.to_state(), "job": engine.engine.job,
+                 "shard": engine.shard, "shards": engine.shards,
+                 SOURCE_OFFSETS: {str(p): o for (steps, p), o
+                                  in self.folded.get(engine.job, {}).items() if not steps}}
+        blob = encode_state(state)
+        self.metrics.checkpoint_bytes.observe(len(blob))
+        self.checkpoints[engine.job.encode()] = blob
+        for jobs in self.unsaved.values():
+            jobs.pop(engine.job, None)
+
+    async def _fold(self, job: str, engine: Any, released: list[tuple[bool, Held[Item]]],
+                    newest_append: float) -> None:
+        shard: ShardEngine = engine
+        folded = self.folded[job]
+        late_before = shard.engine.late
+        out: list[Summary] = []
+        bins = 0
+        for _, held in released:  # each sample, then the bins it closes (samples only)
+            out.extend(shard.ingest(held.item))  # type: ignore[arg-type]
+            sealed = shard.seal_closed()
+            bins += len(sealed)
+            out.extend(sealed)
+            folded[(False, held.tp[1])] = held.offset + 1
+            self.unsaved[held.tp].setdefault(job, held.offset)
+        self.metrics.late.inc(shard.engine.late - late_before)
+        key = shard.engine.job.encode()
+        for summary in out:
+            for part in split_parts(summary):
+                await self.summary_outlets.summary(key, encode_summary(part))
+                self.summaries_sent += 1
+        due = self.since_checkpoint.get(job, 0) + bins
+        if due >= self.cfg.worker.checkpoint_steps:  # after the sends, never before
+            self.checkpoint(shard)
+            due = 0
+        self.since_checkpoint[job] = due
+
+    def status_messages(self, now: float,
+                        lag: dict[str, int]) -> list[JobStatus | WorkerStatus]:
+        """Only the heartbeat: a shard's heat is stage 2's to show."""
+        return [worker_status(self.worker_id, now, dict(lag), self.samples,
+                              self.deadletters, len(self.live))]
+
+
+def _unpack(state: dict[str, Any] | None, key: str) -> tuple[str, int, int]:
+    """(job, shard, shards) of a checkpointed shard, or as its key reads."""
+    if state and "job" in state:
+        return str(state["job"]), int(state["shard"]), int(state["shards"])
+    return split_key(key)
