@@ -1,5 +1,6 @@
-"""Reading a trace file as a user hands it over: plain, gzip or zstd JSON lines (told
-apart by their magic bytes, not their names), or something that is no trace at all.
+"""Reading a trace file as a user hands it over: plain, gzip, xz or zstd JSON lines
+(told apart by their magic bytes, not their names), or something that is no trace at
+all.
 
 A file that holds no valid sample is an error, not an empty run: a user who gives
 `vigil replay` a binary file, a compressed file we cannot read or an empty file must
@@ -12,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import logging
+import lzma
 import sys
 import zlib
 from collections.abc import Callable, Iterator
@@ -25,6 +27,7 @@ log = logging.getLogger("vigil.trace")
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+XZ_MAGIC = b"\xfd7zXZ\x00"  # the foreign traces ship so (`xz`, standard library)
 SNIFF_BYTES = 4096  # enough to see binary data before reading a "line" of it
 SHOWN_SKIPPED = 3  # skipped lines whose reasons the summary quotes
 # a plain trace's read buffer: lines of 4-5 KB through the default 8 KB cost a
@@ -70,9 +73,12 @@ def open_trace(path: str) -> Iterator[IO[bytes]]:
             yield gzip.GzipFile(fileobj=buffered, mode="rb")  # type: ignore[misc]
         elif head.startswith(ZSTD_MAGIC):
             yield _zstd_reader(buffered, path)
+        elif head.startswith(XZ_MAGIC):
+            yield io.BufferedReader(lzma.LZMAFile(buffered, "rb"), READ_BUFFER)
         elif _binary(head):
             raise TraceError(f"{path} is binary data, not a JSON-lines trace",
-                             fix="give a vigil.sample/1 JSON-lines file (plain, .gz or .zst)")
+                             fix="give a vigil.sample/1 JSON-lines file (plain, .gz, .xz "
+                                 "or .zst)")
         else:
             yield buffered
     finally:
@@ -81,10 +87,10 @@ def open_trace(path: str) -> Iterator[IO[bytes]]:
 
 
 def compressed(path: str) -> bool:
-    """Whether the trace at ``path`` is gzip or zstd (told by its first bytes)."""
+    """Whether the trace at ``path`` is gzip, xz or zstd (told by its first bytes)."""
     with open(path, "rb") as raw:
-        head = raw.read(4)
-    return head.startswith(GZIP_MAGIC) or head.startswith(ZSTD_MAGIC)
+        head = raw.read(len(XZ_MAGIC))
+    return head.startswith((GZIP_MAGIC, ZSTD_MAGIC, XZ_MAGIC))
 
 
 def skipped_summary(path: str, skipped: int, total: int, first: list[str]) -> None:

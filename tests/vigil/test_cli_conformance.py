@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import logging
+import lzma
 import os
 import re
 import socket
@@ -228,13 +229,14 @@ def test_compressed_traces_are_read_by_their_magic_bytes(in_workdir: Path,
     plain = (in_workdir / TRACE).read_bytes()
     (in_workdir / "packed.bin").write_bytes(gzip.compress(plain))  # no telling name
     (in_workdir / "packed.zst").write_bytes(zstandard.ZstdCompressor().compress(plain))
+    (in_workdir / "packed.data").write_bytes(lzma.compress(plain))  # xz, no telling name
     outs = []
-    for path in (TRACE, "packed.bin", "packed.zst"):
+    for path in (TRACE, "packed.bin", "packed.zst", "packed.data"):
         assert main(["replay", path]) == 0
         captured = capsys.readouterr()
         assert "1 jobs" in captured.err, captured.err
         outs.append(captured.out)
-    assert outs[0] == outs[1] == outs[2]
+    assert outs[0] == outs[1] == outs[2] == outs[3]
 
 
 def test_skipped_lines_are_summarised_once(in_workdir: Path,
