@@ -130,18 +130,18 @@ def kafka_credentials(cfg: Config) -> faust.types.auth.CredentialsT | None:
     return None
 
 
-def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
-              replication_factor: int = 1) -> faust.App:
-    """The configured Faust app with its topics, engine table, agent and lag timer;
-    the topics Faust creates (the table's changelog) get ``replication_factor``."""
-    metrics = metrics or WorkerMetrics()
-    prefix = cfg.kafka.topic_prefix
-    app = faust.App(
-        cfg.worker.app_id,
+
+def faust_app(cfg: Config, app_id: str, datadir: str, partitions: int,
+              replication_factor: int) -> faust.App:
+    """A Faust app with Vigil's settings (the one-stage worker's and each stage's):
+    tables in memory rebuilt from their changelogs, acks from every replica, the
+    session and fetch sizes of ``worker``, one monitor call a batch."""
+    return faust.App(
+        app_id,
         broker=f"kafka://{cfg.kafka_bootstrap}",
         store="memory://",
-        datadir=cfg.worker.data_dir,
-        topic_partitions=cfg.kafka.samples_partitions,
+        datadir=datadir,
+        topic_partitions=partitions,
         topic_replication_factor=replication_factor,
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
@@ -153,29 +153,17 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
         consumer_max_fetch_size=cfg.worker.fetch_bytes_per_partition,
         Monitor=PerBatchMonitor,
     )
-    samples_name = topics.topic(topics.SAMPLES, prefix)
-    steps_name = topics.topic(topics.STEPS, prefix)
-    # one channel over both topics: one stream processor, batches of either
-    samples = app.topic(samples_name, steps_name, key_type=bytes, value_type=bytes,
-                        key_serializer="raw", value_serializer="raw",
-                        partitions=cfg.kafka.samples_partitions)
-    detections = app.topic(topics.topic(topics.DETECTIONS, prefix), key_serializer="raw",
-                           value_serializer="raw", partitions=cfg.kafka.detections_partitions)
-    deadletter = app.topic(topics.topic(topics.DEADLETTER, prefix), key_serializer="raw",
-                           value_serializer="raw", partitions=1)
-    status = app.topic(topics.topic(topics.STATUS, prefix), key_serializer="raw",
-                       value_serializer="raw", partitions=1)
-    # Faust derives a table's serializers from key_type/value_type (bytes = raw), and
-    # recovery reads the changelog with those, not with a schema's.
-    table = app.Table("engines", default=None, partitions=cfg.kafka.samples_partitions,
-                      key_type=bytes, value_type=bytes, use_partitioner=True,
-                      extra_topic_configs={"max.message.bytes": str(CHANGELOG_MAX_BYTES)})
-    worker_id = f"{socket.gethostname()}-{os.getpid()}"
-    processor = BatchProcessor(cfg, metrics, _FaustOutlets(detections, deadletter), table,
-                               worker_id, AlignParams(slack=cfg.detect.grace_seconds,
-                                                      first_wait_seconds=NEW_JOB_WAIT_SECONDS))
+
+
+def wire_processor(app: faust.App, cfg: Config, metrics: WorkerMetrics,
+                   processor: BatchProcessor, source: Any, inbound: tuple[str, ...],
+                   status: Any, label: str) -> None:
+    """Run ``processor`` on ``source`` (a channel over the ``inbound`` topics, the
+    first the one whose lag is reported) in ``app``: the offset guard, the
+    revocation order, the batch agent with concurrency 1, and the offset, quiet
+    checkpoint, lag and status timers. ``label`` prefixes its log lines (a stage)."""
     lag_now: dict[str, int] = {}  # partition → lag, as the lag timer last saw it
-    continuity = Continuity(app, (samples_name, steps_name), metrics)
+    continuity = Continuity(app, inbound, metrics)
     continuity.guard.floor = processor.commit_floor  # never commit past a checkpoint
 
     async def _on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
@@ -190,7 +178,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
     app.on_partitions_revoked.connect(_on_revoked)  # type: ignore[arg-type]
     app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
 
-    @app.agent(samples, concurrency=1)
+    @app.agent(source, concurrency=1)
     async def process(stream: Any) -> None:
         """The Faust stream processor (Faust calls it an agent; not the node agent)."""
         async for events in stream.take_events(cfg.worker.batch_size,
@@ -201,7 +189,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
                 await processor.handle(await continuity.admit(events))
             except Exception:  # a Faust agent that raises dies silently: count, log, go on
                 metrics.errors.inc()
-                log.exception("batch of %d messages failed", len(events))
+                log.exception("%sbatch of %d messages failed", label, len(events))
 
     @app.timer(interval=1.0)
     async def watch_offsets() -> None:
@@ -227,7 +215,7 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
     async def report_lag() -> None:
         lag_now.clear()
         for tp in app.consumer.assignment():
-            if tp.topic != samples_name:
+            if tp.topic != inbound[0]:
                 continue
             high = app.consumer.highwater(tp)
             position = await app.consumer.position(tp)
@@ -242,4 +230,37 @@ def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
             for msg in processor.status_messages(time.time(), lag_now):
                 await status.send(key=feed_key(msg), value=encode_status(msg))
 
+
+
+def build_app(cfg: Config, metrics: WorkerMetrics | None = None,
+              replication_factor: int = 1) -> faust.App:
+    """The configured Faust app with its topics, engine table, agent and lag timer;
+    the topics Faust creates (the table's changelog) get ``replication_factor``."""
+    metrics = metrics or WorkerMetrics()
+    prefix = cfg.kafka.topic_prefix
+    app = faust_app(cfg, cfg.worker.app_id, cfg.worker.data_dir,
+                    cfg.kafka.samples_partitions, replication_factor)
+    samples_name = topics.topic(topics.SAMPLES, prefix)
+    steps_name = topics.topic(topics.STEPS, prefix)
+    # one channel over both topics: one stream processor, batches of either
+    samples = app.topic(samples_name, steps_name, key_type=bytes, value_type=bytes,
+                        key_serializer="raw", value_serializer="raw",
+                        partitions=cfg.kafka.samples_partitions)
+    detections = app.topic(topics.topic(topics.DETECTIONS, prefix), key_serializer="raw",
+                           value_serializer="raw", partitions=cfg.kafka.detections_partitions)
+    deadletter = app.topic(topics.topic(topics.DEADLETTER, prefix), key_serializer="raw",
+                           value_serializer="raw", partitions=1)
+    status = app.topic(topics.topic(topics.STATUS, prefix), key_serializer="raw",
+                       value_serializer="raw", partitions=1)
+    # Faust derives a table's serializers from key_type/value_type (bytes = raw), and
+    # recovery reads the changelog with those, not with a schema's.
+    table = app.Table("engines", default=None, partitions=cfg.kafka.samples_partitions,
+                      key_type=bytes, value_type=bytes, use_partitioner=True,
+                      extra_topic_configs={"max.message.bytes": str(CHANGELOG_MAX_BYTES)})
+    worker_id = f"{socket.gethostname()}-{os.getpid()}"
+    processor = BatchProcessor(cfg, metrics, _FaustOutlets(detections, deadletter), table,
+                               worker_id, AlignParams(slack=cfg.detect.grace_seconds,
+                                                      first_wait_seconds=NEW_JOB_WAIT_SECONDS))
+    wire_processor(app, cfg, metrics, processor, samples, (samples_name, steps_name),
+                   status, "")
     return app

@@ -163,11 +163,16 @@ class BatchProcessor:
             state[STEP_OFFSETS] = step_offsets
             if aligner is not None:
                 state[ALIGN] = aligner.to_state()
+        self.store_checkpoint(engine.job, state)
+
+    def store_checkpoint(self, job: str, state: dict[str, Any]) -> None:
+        """Write ``job``'s checkpoint (the stages' too); the commit may then pass the
+        offsets it holds."""
         blob = encode_state(state)
         self.metrics.checkpoint_bytes.observe(len(blob))
-        self.checkpoints[engine.job.encode()] = blob
+        self.checkpoints[job.encode()] = blob
         for jobs in self.unsaved.values():
-            jobs.pop(engine.job, None)
+            jobs.pop(job, None)
 
     def checkpoint_quiet(self, quiet_seconds: float, now: float | None = None) -> int:
         """Checkpoint every engine holding samples no checkpoint has, whose job has

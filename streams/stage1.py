@@ -32,7 +32,7 @@ from vigil_gpu_monitor.detectors.shard import ShardEngine
 from vigil_gpu_monitor.streams.align import Held, JobAligner
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import SOURCE_OFFSETS, BatchProcessor, Item, Message
-from vigil_gpu_monitor.streams.state_codec import decode_state, encode_state
+from vigil_gpu_monitor.streams.state_codec import decode_state
 
 
 class SummaryOutlets(Protocol):
@@ -90,11 +90,7 @@ class Stage1Processor(BatchProcessor):
                  "shard": engine.shard, "shards": engine.shards,
                  SOURCE_OFFSETS: {str(p): o for (steps, p), o
                                   in self.folded.get(engine.job, {}).items() if not steps}}
-        blob = encode_state(state)
-        self.metrics.checkpoint_bytes.observe(len(blob))
-        self.checkpoints[engine.job.encode()] = blob
-        for jobs in self.unsaved.values():
-            jobs.pop(engine.job, None)
+        self.store_checkpoint(engine.job, state)
 
     async def _fold(self, job: str, engine: Any, released: list[tuple[bool, Held[Item]]],
                     newest_append: float) -> None:

@@ -38,7 +38,7 @@ from vigil_gpu_monitor.streams.processor import (
     Message,
     Outlets,
 )
-from vigil_gpu_monitor.streams.state_codec import decode_state, encode_state
+from vigil_gpu_monitor.streams.state_codec import decode_state
 
 
 class Stage2Processor(BatchProcessor):
@@ -69,11 +69,7 @@ class Stage2Processor(BatchProcessor):
         state = {"stage2": engine.to_state(), "shards": engine.shards,
                  SOURCE_OFFSETS: {str(p): o for (steps, p), o
                                   in self.folded.get(engine.job, {}).items() if not steps}}
-        blob = encode_state(state)
-        self.metrics.checkpoint_bytes.observe(len(blob))
-        self.checkpoints[engine.job.encode()] = blob
-        for jobs in self.unsaved.values():
-            jobs.pop(engine.job, None)
+        self.store_checkpoint(engine.job, state)
 
     async def _refuse_summary(self, msg: Message, raw: bytes, exc: ContractError) -> None:
         self.metrics.deadletters.labels(exc.reason).inc()

@@ -12,31 +12,24 @@ samples partitions, stage 2 up to the summaries partitions).
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
-import time
 from typing import Any
 
 import faust
 
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.config import Config
-from vigil_gpu_monitor.contracts.status import encode_status, feed_key
 from vigil_gpu_monitor.streams.app import (
     CHANGELOG_MAX_BYTES,
-    QUIET_CHECKPOINT_SECONDS,
-    PerBatchMonitor,
     _FaustOutlets,
-    kafka_credentials,
+    faust_app,
+    wire_processor,
 )
-from vigil_gpu_monitor.streams.continuity import Continuity
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import BatchProcessor
 from vigil_gpu_monitor.streams.stage1 import Stage1Processor
 from vigil_gpu_monitor.streams.stage2 import Stage2Processor
-
-log = logging.getLogger(__name__)
 
 
 class _Stage1Outlets:
@@ -68,23 +61,9 @@ def build_stage_app(cfg: Config, stage: int, metrics: WorkerMetrics | None = Non
     inbound = topics.SAMPLES if stage == 1 else topics.SUMMARIES
     partitions = (cfg.kafka.samples_partitions if stage == 1
                   else cfg.kafka.summaries_partitions)
-    app = faust.App(
-        stage_app_id(cfg, stage),
-        broker=f"kafka://{cfg.kafka_bootstrap}",
-        store="memory://",
-        datadir=os.path.join(cfg.worker.data_dir, f"stage{stage}"),
-        topic_partitions=partitions,
-        topic_replication_factor=replication_factor,
-        consumer_auto_offset_reset="earliest",
-        web_enabled=False,
-        producer_acks=-1,
-        producer_max_request_size=CHANGELOG_MAX_BYTES,
-        broker_session_timeout=cfg.worker.session_timeout_seconds,
-        broker_heartbeat_interval=max(0.5, cfg.worker.session_timeout_seconds / 10),
-        broker_credentials=kafka_credentials(cfg),
-        consumer_max_fetch_size=cfg.worker.fetch_bytes_per_partition,
-        Monitor=PerBatchMonitor,
-    )
+    app = faust_app(cfg, stage_app_id(cfg, stage),
+                    os.path.join(cfg.worker.data_dir, f"stage{stage}"), partitions,
+                    replication_factor)
     inbound_name = topics.topic(inbound, prefix)
     source = app.topic(inbound_name, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=partitions)
@@ -109,59 +88,6 @@ def build_stage_app(cfg: Config, stage: int, metrics: WorkerMetrics | None = Non
                                partitions=cfg.kafka.detections_partitions)
         processor = Stage2Processor(cfg, metrics, _FaustOutlets(detections, deadletter),
                                     table, worker_id)
-    continuity = Continuity(app, inbound_name, metrics)
-    continuity.guard.floor = processor.commit_floor  # never commit past a checkpoint
-    lag_now: dict[str, int] = {}
-
-    async def _on_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
-        await processor.on_revoked(app.producer.flush, continuity.commit_processed)
-
-    async def _on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
-        continuity.on_assigned()
-
-    app.on_partitions_revoked.connect(_on_revoked)  # type: ignore[arg-type]
-    app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
-
-    @app.agent(source, concurrency=1)
-    async def process(stream: Any) -> None:
-        """The stage's stream processor (a Faust agent; not the node agent)."""
-        async for events in stream.take_events(cfg.worker.batch_size,
-                                               within=cfg.worker.batch_seconds):
-            if isinstance(app.monitor, PerBatchMonitor):
-                app.monitor.on_batch_in(events)
-            try:
-                await processor.handle(await continuity.admit(events))
-            except Exception:  # a Faust agent that raises dies silently: count, log, go on
-                metrics.errors.inc()
-                log.exception("stage %d: batch of %d messages failed", stage, len(events))
-
-    @app.timer(interval=1.0)
-    async def watch_offsets() -> None:
-        try:
-            await continuity.watch()
-        except Exception as exc:
-            log.warning("offset watch failed, retrying in 1 s: %r", exc)
-
-    @app.timer(interval=1.0)
-    async def checkpoint_quiet() -> None:
-        processor.checkpoint_quiet(QUIET_CHECKPOINT_SECONDS)
-
-    @app.timer(interval=5.0)
-    async def report_lag() -> None:
-        lag_now.clear()
-        for tp in app.consumer.assignment():
-            if tp.topic != inbound_name:
-                continue
-            high = app.consumer.highwater(tp)
-            position = await app.consumer.position(tp)
-            if high is not None and position is not None:
-                lag_now[str(tp.partition)] = max(0, high - position)
-                metrics.lag.labels(str(tp.partition)).set(lag_now[str(tp.partition)])
-
-    if cfg.worker.status_seconds > 0:
-        @app.timer(interval=cfg.worker.status_seconds)
-        async def publish_status() -> None:
-            for msg in processor.status_messages(time.time(), lag_now):
-                await status.send(key=feed_key(msg), value=encode_status(msg))
-
+    wire_processor(app, cfg, metrics, processor, source, (inbound_name,), status,
+                   f"stage {stage}: ")
     return app
