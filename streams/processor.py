@@ -358,12 +358,19 @@ class BatchProcessor:
             self.unsaved[(topic, partition)].setdefault(job, held.offset)
         self.metrics.late.inc(engine.late - late_before - steps_late)
         self.metrics.late_steps.inc(steps_late)
+        await self.send_and_checkpoint(job, engine, found, (engine.next_bin or 0)
+                                       - (step_before or 0), newest_append)
+
+    async def send_and_checkpoint(self, job: str, engine: Any, found: list[Detection],
+                                  steps: int, newest_append: float) -> None:
+        """Send a batch's detections, then checkpoint ``engine`` (the stages' too) if
+        any went out or ``worker.checkpoint_steps`` evaluated steps are due; ``steps``:
+        the bins this batch evaluated."""
         for det in found:
             self.metrics.detections.labels(det["kind"], det["state"]).inc()
             if newest_append:
                 self.metrics.latency.observe(max(0.0, time.time() - newest_append))
             await self.outlets.detection(job.encode(), encode_detection(det), self.origin)
-        steps = (engine.next_bin or 0) - (step_before or 0)
         if steps:
             self.heat_due.add(job)
         due = self.since_checkpoint.get(job, 0) + steps

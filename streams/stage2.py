@@ -22,7 +22,6 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from vigil_gpu_monitor.contracts import topics
-from vigil_gpu_monitor.contracts.codec import encode_detection
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.errors import ContractError
 from vigil_gpu_monitor.contracts.messages import Detection, JobStatus, Summary, WorkerStatus
@@ -119,19 +118,8 @@ class Stage2Processor(BatchProcessor):
             found.extend(stage.evaluate_ready())
             folded[(False, partition)] = offset + 1
             self.unsaved[(self.summaries_topic, partition)].setdefault(job, offset)
-        for det in found:
-            self.metrics.detections.labels(det["kind"], det["state"]).inc()
-            if newest_append:
-                self.metrics.latency.observe(max(0.0, time.time() - newest_append))
-            await self.outlets.detection(job.encode(), encode_detection(det), self.origin)
-        steps = (stage.engine.next_bin or 0) - (step_before or 0)
-        if steps:
-            self.heat_due.add(job)
-        due = self.since_checkpoint.get(job, 0) + steps
-        if found or due >= self.cfg.worker.checkpoint_steps:  # after the sends, never before
-            self.checkpoint(stage)
-            due = 0
-        self.since_checkpoint[job] = due
+        await self.send_and_checkpoint(job, stage, found, (stage.engine.next_bin or 0)
+                                       - (step_before or 0), newest_append)
 
     def status_messages(self, now: float,
                         lag: dict[str, int]) -> list[JobStatus | WorkerStatus]:
