@@ -11,9 +11,10 @@
 - ``node_silent``: a node of the job stops reporting for ``silent_seconds`` while
   the job's other nodes go on (when every node stops, the job ended). A node that
   loses many of its messages on the way (a flaky network path) leaves gaps that
-  could pass for silence: each node's cadence is learned (its typical interval and
-  its mean gap, so its loss rate), and its silence threshold rises to the gap its
-  own losses would reach by chance once in a million samples. A node's silence is
+  could pass for silence: each node's cadence is learned on its own clock (its
+  typical interval, and its ticks due against those that arrived, so its loss rate),
+  and its silence threshold rises to the gap its own losses would reach by chance
+  once in a million samples (at most ``MAX_SILENT_TICKS`` ticks). A node's silence is
   judged only once its samples are on the job's clock (``detectors/clocks.py``): the
   first sample of a node whose clock is 30 s off, before its offset is known, says
   nothing about when it was taken.
