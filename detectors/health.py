@@ -292,6 +292,20 @@ class HealthMonitor:
         return {k: int(g.get("thr_bits") or 0) for k, g in self.gpus.items()
                 if g["thr"] is not None}
 
+    def forget_stale(self, now: float) -> None:
+        """Forget what ``evaluate`` forgets at ``now``: GPUs and nodes unheard for
+        ``FORGET_SECONDS`` (a stage-1 shard does so before it sends its nodes' state,
+        ``detectors/shard.py``, or its next summary would bring back what stage 2
+        forgot)."""
+        for key in [k for k, g in self.gpus.items() if now - g["last"] > FORGET_SECONDS]:
+            del self.gpus[key]
+        self._forget_nodes(now)
+
+    def _forget_nodes(self, now: float) -> None:
+        for node in [n for n, t in self.nodes.items() if now - t > FORGET_SECONDS]:
+            del self.nodes[node]
+            self.cadence.pop(node, None)
+
     def evaluate(self, now: float) -> tuple[list[Finding], list[Finding]]:
         """(gpu_health, node_silent) findings at event time ``now``."""
         p = self.p
@@ -307,9 +321,7 @@ class HealthMonitor:
             elif (g.get("event") or g["thr"] is not None
                   or now - g["last"] >= p.missing_gpu_seconds):
                 maybe.append(key)
-        for node in [n for n, t in self.nodes.items() if now - t > FORGET_SECONDS]:
-            del self.nodes[node]
-            self.cadence.pop(node, None)
+        self._forget_nodes(now)
         health: list[Finding] = []
         for key in sorted(maybe):
             g = self.gpus[key]

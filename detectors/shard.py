@@ -48,7 +48,7 @@ from vigil_gpu_monitor.contracts.shards import SHARD_SEPARATOR, shard_of
 from vigil_gpu_monitor.detectors.clocks import ClockOffsets
 from vigil_gpu_monitor.detectors.engine import JobEngine, NodeMoves
 from vigil_gpu_monitor.detectors.findings import Finding
-from vigil_gpu_monitor.detectors.health import FORGET_SECONDS, HealthMonitor
+from vigil_gpu_monitor.detectors.health import HealthMonitor
 from vigil_gpu_monitor.detectors.window import Entity, SealedSection
 
 Deliver = Callable[[Summary], Summary]  # a summary as stage 2 receives it
@@ -65,17 +65,6 @@ def finding_of(ev: SummaryEvent) -> Finding:
     """The finding a summary's event carries."""
     return Finding(ev["kind"], ev["node"], ev["gpu"], ev["severity"], tuple(ev["metrics"]),
                    ev["score"], ev["summary"], ev["since"], ev["evidence"], ev["fire_after"])
-
-
-def forget_stale(health: HealthMonitor, now: float) -> None:
-    """What ``HealthMonitor.evaluate`` forgets at ``now`` (GPUs and nodes unheard for
-    ``FORGET_SECONDS``): a shard forgets it too before it sends its nodes' state, or
-    the next summary would bring back what stage 2 forgot."""
-    for key in [k for k, g in health.gpus.items() if now - g["last"] > FORGET_SECONDS]:
-        del health.gpus[key]
-    for node in [n for n, t in health.nodes.items() if now - t > FORGET_SECONDS]:
-        del health.nodes[node]
-        health.cadence.pop(node, None)
 
 
 def node_health(health: HealthMonitor) -> dict[str, NodeHealth]:
@@ -136,7 +125,7 @@ class ShardEngine:
         state (what one stage's evaluation of ``b`` would read of these nodes)."""
         e = self.engine
         e.window.seal(b)
-        forget_stale(e.health, (b + 1) * self.cfg.bin_seconds)
+        e.health.forget_stale((b + 1) * self.cfg.bin_seconds)
         summary = self._summary(b, [], health=True)
         e.window.drop_before(b)  # the summary has it; the last bin shares device lists
         return summary
