@@ -17,6 +17,11 @@ How a departure is told from normal variation:
   comparable bin, smoothed over a minute, never below the metric's resolution; and
   the stream's own variance. A stream whose noise persists from bin to bin (load
   that wanders slowly) has its noise scaled by ``√((1+ρ)/(1−ρ))``.
+- A stream's own noise is learned only from its ordinary bins (within two of its
+  noise units): a shift is not spread.
+- A stream whose key leaves its level for a while (its node's readings out of the
+  window: a lost sample at a 30 s tick) is held as it was, and forgotten after
+  ``STREAM_MEMORY_SECONDS``.
 - *Static differences* are learned as each stream's offset: a plain mean over its
   first ``TRAINING_BINS`` comparable bins, then a slow moving average while the
   stream is quiet. The test may cap the offset it uses (GPUs: 10 % of the peers'
@@ -50,7 +55,11 @@ VARIANCE_TIME_CONSTANT = 180.0  # seconds: a stream's own variance and autocorre
 VARIANCE_PRIOR = 4  # bins: a stream's own variance starts from zero with this weight
 REL_FLOOR = 0.02  # the noise floor is also this share of the peers' level of the metric
 HUBER = 2.5  # what a stream learns from one bin is clipped at this many noise units
+ORDINARY = 2.0  # its own noise is learned only from bins within this many of its units
 MAX_AUTOCORRELATION = 0.95  # the long-run noise is at most √39 ≈ 6× the per-bin noise
+# a stream absent from its level (its node's readings out of the window) is held this
+# long, then forgotten: the time its offset takes to learn
+STREAM_MEMORY_SECONDS = OFFSET_TIME_CONSTANT
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,8 @@ class Outcome:
 # A stream's state, one flat list (JSON-able, in the engine's persisted state): per
 # metric, seven fields (sums of evidence, the bins where each began to rise, offsets,
 # own variances, lag-1 covariances, last residuals, sums of evidence the other way:
-# load shed); then two per stream (updates learned, the bin it was first seen).
+# load shed); then three per stream (updates learned, the bin it was first seen, the
+# bin it was last in its level).
 SUM, RISE, OFF, VAR, COV, PREV, SHED = range(7)
 _FIELDS = 7
 _FRESH_FIELDS = (0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -123,7 +133,7 @@ _FRESH_FIELDS = (0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 @functools.cache
 def _fresh(metrics: int) -> tuple[float, ...]:
     """A new stream's row for ``metrics`` metrics."""
-    return (*[v for v in _FRESH_FIELDS for _ in range(metrics)], 0.0, -1.0)
+    return (*[v for v in _FRESH_FIELDS for _ in range(metrics)], 0.0, -1.0, -1.0)
 
 
 class StreamTable:
@@ -147,6 +157,24 @@ class StreamTable:
     def to_state(self) -> dict[str, list[float]]:
         """Key → the stream's flat list of floats (JSON-able)."""
         return dict(zip(self.keys, self.rows.tolist(), strict=True))
+
+    def replace(self, keys: list[str], rows: Array, oldest: int) -> None:
+        """The level's streams after a bin: ``keys``' ``rows``, and the streams absent
+        from this bin's level last in it at bin ``oldest`` or later, held as they were.
+
+        A node's readings leave the job's window for a tick or two (a lost sample at
+        a 30 s tick, a late batch): what its streams learned (offsets, noise) and the
+        evidence they hold must not go with them, or a stall that arrived meanwhile is
+        learned afresh as the GPU's normal. Streams absent longer are forgotten (a
+        node that left the job), so the table stays bounded."""
+        if self.keys and keys != self.keys and len(self.rows):
+            present = set(keys)
+            held = [i for i, k in enumerate(self.keys)
+                    if k not in present and self.rows[i, -1] >= oldest]
+            if held:
+                keys = keys + [self.keys[i] for i in held]
+                rows = np.concatenate([rows, self.rows[held]]) if len(rows) else self.rows[held]
+        self.keys, self.rows = keys, rows
 
     def rows_for(self, keys: list[str], fresh: tuple[float, ...]) -> Array:
         """(streams × fields) for ``keys`` in order; a key not known starts ``fresh``."""
@@ -187,9 +215,10 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     of a small job is mostly numpy's overhead per call), and the arithmetic per
     stream is the same, so the results are identical to the bit.
     """
+    oldest = last - int(STREAM_MEMORY_SECONDS / bin_seconds)
     for c in comparisons:
         if not c.level.keys:
-            c.streams.keys, c.streams.rows = [], np.empty((0, 0))
+            c.streams.replace([], np.empty((0, 0)), oldest)
     live = [c for c in comparisons if c.level.keys]
     if not live:
         return [Outcome({}, set(), set()) for _ in comparisons]
@@ -206,8 +235,8 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
         np.array([(c.test.k, c.test.h, c.test.clip, c.test.ceiling) for c in live]).T,
         sizes, axis=1)
     f = rows[:, :_FIELDS * m].reshape(n, _FIELDS, m).transpose(1, 2, 0)
-    count = np.asarray(rows[:, -2], dtype=np.float64)
-    born = np.asarray(rows[:, -1], dtype=np.float64)
+    count = np.asarray(rows[:, -3], dtype=np.float64)
+    born = np.asarray(rows[:, -2], dtype=np.float64)
     before = f[SUM].copy()
     departure = np.where(valid, deviation - f[OFF], np.nan)
     offset = np.fmax(f[OFF], spec.offset_floor)
@@ -252,7 +281,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     if any(c.level.gate is not None for c in live):
         gate = _joined([c.level.gate if c.level.gate is not None
                         else np.ones(c.level.valid.shape, dtype=bool) for c in live])
-        z = np.where(gate, z, np.fmin(z, 0.0))
+        z = np.where(gate, z, np.minimum(z, 0.0))  # NaN (no reading) stays NaN: held
     if not comparable:  # the sums hold
         z = below = np.full(residual.shape, np.nan)
     toward = spec.direction[:, None]
@@ -265,15 +294,20 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     f[RISE] = np.where(f[SUM] <= 0, -1.0, np.where(before <= 0, start, f[RISE]))
     if comparable:
         evidence = before.max(axis=0)
+        with np.errstate(invalid="ignore"):
+            # a bin beyond two of the stream's own noise units teaches nothing of its
+            # noise: a stall whose first bins the gate kept from counting (not busier
+            # yet) was learned as variance, and its evidence shrank as it lasted
+            ordinary = np.abs(departure) <= ORDINARY * scale  # NaN: False
         count = _learn(f, count, valid, np.clip(departure, -HUBER * job_sigma,
                                                 HUBER * job_sigma),
-            training | (evidence <= 2 * k), evidence < h / 4, bin_seconds)
+            training | (evidence <= 2 * k), (evidence < h / 4) & ordinary, bin_seconds)
     table = np.concatenate([f.transpose(2, 0, 1).reshape(n, -1), count[:, None],
-                            born[:, None]], axis=1)
+                            born[:, None], np.full((n, 1), float(last))], axis=1)
     decided = _Decided(f, z, h, spec)
     outcomes = {}
     for c, span in zip(live, spans, strict=True):
-        c.streams.keys, c.streams.rows = list(c.level.keys), table[span]
+        c.streams.replace(list(c.level.keys), table[span], oldest)
         outcomes[id(c)] = decided.outcome(c.level, span)
     return [outcomes.get(id(c), Outcome({}, set(), set())) for c in comparisons]
 
@@ -364,6 +398,10 @@ def _learn(f: Array, count: Array, valid: NDArray[np.bool_], residual: Array,
       which the strict one would leave out. At half the threshold, an 8-12 % stall
       (two to four noise units) was learned as the stream's own variance while its
       sum climbed, and the sum stalled below the threshold (issue #45's envelope).
+      ``calm`` also leaves out a bin that departs beyond ``ORDINARY`` of the
+      stream's own noise units (the caller's choice): where the gate keeps a stall's
+      first bins from counting (a GPU not busier yet), its sums stay at zero, and
+      without that the stall itself became the stream's noise.
       Its lag-1 *covariance* moves only while it is quiet: a small shift, summed for
       a few bins, would read as noise that persists.
 

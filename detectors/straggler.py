@@ -26,7 +26,13 @@ the peers' median:
   counts as evidence only in a bin where the stream is busier than its peers
   by more than the noise floor of a ratio (``x > SLOWNESS_FLOOR``): a GPU level with
   its peers, or below them, adds none, whatever its power, DRAM or work readings (a
-  cold expert as busy as its peers does less work, and holds nobody back). (Its
+  cold expert as busy as its peers does less work, and holds nobody back), unless
+  the job's GPUs share their work evenly: where the load statistic's learned noise
+  is small (data, tensor, pipeline parallel: 1-2 %), a GPU as busy as its peers
+  doing clearly less work (``EVEN_LOAD_Z`` load-noise units) has no colder expert to
+  explain it and counts too. A stalled GPU in a tensor-parallel group or on a
+  pipeline stage reads so: its peers wait inside each layer, so it is barely busier,
+  and under the power cap it draws less and runs a higher clock. (Its
   normal offset is learned from every bin: learning only from the busier ones would
   bias it by the busy time's own noise.)
 - the *load* ``ℓ = min(x, y)``: busier *and* doing more: workload, reported as
@@ -195,9 +201,10 @@ RISE = 0.3  # the median GPU this much above the job's level: a new phase (warm-
 IDLE = 0.1  # a job whose busiest GPU is below this SM activity is not compared
 TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its level
 SETTLE_BINS = 16  # compared bins before the job counts as settled
+EVEN_LOAD_Z = 3.0  # a work deficit this many load-noise units: slower, not colder
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
-STATE_VERSION = 12  # the memory layout of the sequential test
+STATE_VERSION = 13  # the memory layout of the sequential test
 
 
 @dataclass(frozen=True)
@@ -284,8 +291,9 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     learned = memory.setdefault("streams", {})
     for level in ("node", "gpu", "quiet"):
         learned[level] = StreamTable.load(learned.get(level))
+    load_noise = learned.setdefault("noise_gpu", {}).get("sigma")
     gpu_level, node_level = _levels(view, latest, basis, phase_floor, clock_faults,
-                                    compare_nodes)
+                                    compare_nodes, _even_load(load_noise))
     nodes, gpus = advance(
         [Comparison(_peer_level(node_level, float("inf"), True), p.node_test, learned["node"],
                     learned.setdefault("noise_node", {})),
@@ -405,9 +413,21 @@ def _work(latest: Array, basis: str | None) -> Array:
     return rate if clock is None else rate * latest[GPU_READS.index(clock)]
 
 
+def _even_load(noise: list[float | None] | None) -> float:
+    """How far below its node's median work rate a GPU must work to be slower rather
+    than colder, from the GPU level's learned noise of the load statistic
+    (``EVEN_LOAD_Z`` noise units, never under ``SLOWNESS_FLOOR``); infinite while
+    none is learned. Where a job's GPUs share its work evenly (data, tensor or
+    pipeline parallel: a load noise of 1-2 %), a GPU as busy as its peers doing 6 %
+    less work has no colder expert to explain it; where expert load moves (MoE: 5-10 %)
+    it may have, and busy time must show it."""
+    sigma = None if noise is None else noise[STATS.index("load")]
+    return math.inf if sigma is None else max(SLOWNESS_FLOOR, EVEN_LOAD_Z * sigma)
+
+
 def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: float,
-            clock_faults: Collection[str] = frozenset(), compare_nodes: bool = True
-            ) -> tuple[_Readings, _Readings]:
+            clock_faults: Collection[str] = frozenset(), compare_nodes: bool = True,
+            even_load: float = math.inf) -> tuple[_Readings, _Readings]:
     """Each GPU against the GPUs of its node; each node's median GPU against the
     job's nodes. Peers whose median busy time is below ``phase_floor`` are in another
     part of the step this bin (a lossy node's one window in the collective, say):
@@ -447,7 +467,8 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     _memory_explains(own_per_work, own_per_memory_work),
                     _ratio(memory[at], node_memory[node_idx]), extra_processes,
                     # one GPU's gpu_util is too coarse to compare (see the docstring)
-                    util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault)
+                    util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault,
+                    even_load=even_load)
     node_power = nanmedian(latest[_POWER], axis=1)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
@@ -496,14 +517,17 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
               memory_explained: NDArray[np.bool_], memory_ratio: Array,
               extra_processes: Array, util: tuple[Array, Array],
               clock_fault: NDArray[np.bool_] | None = None,
-              power: tuple[Array, Array] | None = None) -> _Readings:
+              power: tuple[Array, Array] | None = None,
+              even_load: float = math.inf) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
     slowness may not count for a fault, and the bytes moved are the load's work;
     ``memory_ratio``: bytes moved a second over the peers'; ``util``: the streams'
     ``gpu_util`` and their peers'; ``clock_fault``: where the clock-event reasons
-    name a fault; ``power``: the streams' power and their peers', where compared).
+    name a fault; ``power``: the streams' power and their peers', where compared;
+    ``even_load``: a work deficit beyond this, at any busy time, is slowness's
+    evidence as much as a busy excess is: ``_even_load``).
 
     Under the board's power limit the driver trades clock for power, so a stream
     doing more work than its peers runs a lower clock without any fault. Unless
@@ -528,6 +552,10 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # busier beyond what a window's phase makes: a GPU as busy as its peers
         # (+0.2 %) that does less work is a cold expert, not holding anyone back
         busier = x > SLOWNESS_FLOOR
+        # ... or, where the job's work is shared evenly, doing clearly less work than
+        # its peers at the same busy time: no colder expert explains that (a GPU less
+        # busy than its peers is in another part of the step, or waits)
+        behind = (y < -even_load) & (x > -SLOWNESS_FLOOR)
         fault = np.zeros(x.shape, dtype=bool) if clock_fault is None else clock_fault
         # the clock the power cap takes for more work: at most the work excess (power
         # grows no faster than the work rate, the clock at least linearly in power)
@@ -560,7 +588,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     # 5,168 GPU-hours): the deficit must accumulate, as the idle time does.
     with np.errstate(invalid="ignore"):
         held_back = ~(slowness >= 0)  # NaN (no work reading): not told apart
-    gate = np.stack([busier & ~memory_explained, anyway, busier, held_back])
+    gate = np.stack([(busier | behind) & ~memory_explained, anyway, busier, held_back])
     return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,
                      extra_processes, np.where(compared, quiet, np.nan))

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
 from vigil_gpu_monitor.detectors.peer_streams import (
+    STREAM_MEMORY_SECONDS,
     TRAINING_BINS,
     Comparison,
     MetricSpec,
@@ -147,3 +148,98 @@ def test_a_stream_without_a_cap_is_not_tested_while_it_trains() -> None:
                           float("inf"), recenter=True)
         [out] = advance([Comparison(level, test, table, noise)], spec, True, b, 5.0)
         assert not out.found and table.rows[2, 0] == 0.0
+
+
+def test_a_stream_out_of_its_level_for_a_while_keeps_what_it_learned() -> None:
+    """A node's readings leave the window for a tick (a lost sample at a 30 s tick):
+    its GPUs' streams keep their offsets, update counts and sums while absent, and
+    pick up where they were (before, they were forgotten and trained afresh, and a
+    stall that had begun meanwhile was learned as the GPU's normal). A stream absent
+    for ``STREAM_MEMORY_SECONDS`` is forgotten: the table stays bounded."""
+    keys = [f"g{i}" for i in range(6)]
+    test = Cusum.for_rate(1.0, 5.0)
+    spec = MetricSpec(("slowness",), np.array([0.025]), np.array([1.0]), -1, min_metrics=1,
+                      offset_floor=0.0)
+    table, noise = StreamTable.load(None), {}  # type: ignore[var-annotated]
+    rng = np.random.default_rng(5)
+
+    def step(b: int, present: list[str]) -> None:
+        deviation = rng.normal(0.0, 0.01, (1, len(present)))
+        deviation[0, [i for i, k in enumerate(present) if k == "g2"]] += 0.05
+        level = PeerLevel(present, deviation, np.ones((1, len(present)), dtype=bool),
+                          np.ones((1, len(present))), 0.10)
+        advance([Comparison(level, test, table, noise)], spec, True, b, 5.0)
+
+    for b in range(2 * TRAINING_BINS):
+        step(b, keys)
+    learned = table.rows[table.keys.index("g2")].copy()
+    absent = int(STREAM_MEMORY_SECONDS / 5.0)
+    for b in range(2 * TRAINING_BINS, 2 * TRAINING_BINS + 3):
+        step(b, keys[3:])  # g0-g2's node out of the window for three bins
+    assert "g2" in table.keys
+    held = table.rows[table.keys.index("g2")]
+    assert np.array_equal(held, learned)  # held as it was, offset and count included
+    step(2 * TRAINING_BINS + 3, keys)
+    assert table.keys[:6] == keys and len(table.keys) == 6
+    assert table.rows[2, -3] == learned[-3] + 1  # one more update, not a new stream
+    start = 2 * TRAINING_BINS + 4
+    for b in range(start, start + absent + 1):
+        step(b, keys[3:])
+    assert table.keys == keys[3:]  # forgotten after STREAM_MEMORY_SECONDS
+
+
+def test_a_shift_the_gate_held_back_is_not_learned_as_the_streams_own_noise() -> None:
+    """A stall whose first bins the gate keeps from counting (the GPU not busier yet)
+    departs 2.4 noise units, bin after bin. Those bins must not teach the stream its
+    own variance: before, they did (everything under a quarter of the threshold was
+    learned), its noise grew to the shift itself, and a 12 % stall on a
+    tensor-parallel GPU was never found. It is found once the gate opens; a peer
+    with noise alone is not."""
+    keys = [f"g{i}" for i in range(8)]
+    test = Cusum.for_rate(1.0, 5.0)
+    spec = MetricSpec(("slowness",), np.array([0.025]), np.array([1.0]), -1, min_metrics=1,
+                      offset_floor=0.0)
+    table, noise = StreamTable.load(None), {}  # type: ignore[var-annotated]
+    rng = np.random.default_rng(11)
+    onset, opens = 3 * TRAINING_BINS, 3 * TRAINING_BINS + 12
+    found: dict[str, int] = {}
+    for b in range(opens + 24):
+        deviation = rng.normal(0.0, 0.01, (1, 8))
+        if b >= onset:
+            deviation[0, 4] += 0.06
+        gate = np.ones((1, 8), dtype=bool)
+        gate[0, 4] = b >= opens
+        level = PeerLevel(keys, deviation, np.ones((1, 8), dtype=bool), np.ones((1, 8)), 0.10,
+                          gate=gate)
+        [out] = advance([Comparison(level, test, table, noise)], spec, True, b, 5.0)
+        for key in out.found:
+            found.setdefault(key, b)
+    assert set(found) == {"g4"} and found["g4"] - opens <= 12, found
+
+
+def test_a_bin_without_a_reading_holds_the_sums_whatever_the_gate() -> None:
+    """At a 15 s tick a GPU reads one bin in three; the bins between are compared for
+    the job's other nodes. A stream with no reading there holds its sums: before,
+    the gate's ``fmin(NaN, 0)`` made its missing reading a zero, and each empty bin
+    took ``k`` off the evidence, so a 12 % stall at a 15-30 s tick was never found."""
+    keys = [f"g{i}" for i in range(8)]
+    test = Cusum.for_rate(1.0, 5.0)
+    spec = MetricSpec(("slowness",), np.array([0.025]), np.array([1.0]), -1, min_metrics=1,
+                      offset_floor=0.0)
+    table, noise = StreamTable.load(None), {}  # type: ignore[var-annotated]
+    rng = np.random.default_rng(2)
+    for b in range(3 * TRAINING_BINS):
+        deviation = rng.normal(0.0, 0.01, (1, 8))
+        deviation[0, 1] += 0.08 if b >= 2 * TRAINING_BINS else 0.0
+        level = PeerLevel(keys, deviation, np.ones((1, 8), dtype=bool), np.ones((1, 8)), 0.10)
+        advance([Comparison(level, test, table, noise)], spec, True, b, 5.0)
+    held = table.rows[1, 0]
+    assert held > 0
+    for b in range(3 * TRAINING_BINS, 3 * TRAINING_BINS + 4):
+        valid = np.ones((1, 8), dtype=bool)
+        valid[0, 1] = False  # g1's node read nothing this bin
+        gate = valid.copy()
+        level = PeerLevel(keys, rng.normal(0.0, 0.01, (1, 8)), valid, np.ones((1, 8)), 0.10,
+                          gate=gate)
+        advance([Comparison(level, test, table, noise)], spec, True, b, 5.0)
+        assert table.rows[1, 0] == held

@@ -14,6 +14,7 @@ from vigil_gpu_monitor.detectors.straggler import (
     BASIS_WAIT_BINS,
     GPU_READS,
     STATS,
+    _even_load,
     _levels,
     _memory_explains,
     _readings,
@@ -55,6 +56,31 @@ def test_a_gpu_as_busy_as_its_peers_doing_less_work_gives_no_evidence() -> None:
                   util=(np.ones(2), np.ones(2)))
     slowness_gate = r.gate[0]
     assert not slowness_gate[0] and slowness_gate[1]
+
+
+def test_less_work_at_the_same_busy_time_is_evidence_only_where_work_is_even() -> None:
+    """A stalled GPU on a pipeline stage or in a tensor-parallel group reads as busy
+    as its peers (they wait inside each layer) with 0.94x their work: where the job's
+    GPUs share work evenly (load noise 1.4 %) that is slowness's evidence; where
+    expert load moves (MoE, 8 %) the same reading is a colder expert, no evidence;
+    with no load noise learned yet, none either. A GPU far less busy than its peers
+    with less work (its window in another part of the step) is no evidence anywhere."""
+    busy = np.array([0.451, 0.451, 0.30])
+    peers = np.full(3, 0.45)
+    work = np.array([0.94, 1.0, 0.5])
+    clock = np.full(3, 1980.0)
+    noise_even = [0.013, 0.014, 0.008, None]
+    noise_moe = [0.027, 0.084, 0.005, None]
+    gates = []
+    for noise in (noise_even, noise_moe, None):
+        r = _readings(["stalled", "level", "phase"], busy, peers, work, np.ones(3), clock,
+                      clock, np.log(busy / peers / work), "tensor_active",
+                      np.ones(3, dtype=bool), 0.05, np.zeros(3, dtype=bool), np.ones(3),
+                      np.full(3, np.nan), util=(np.ones(3), np.ones(3)),
+                      even_load=_even_load(noise))
+        gates.append(r.gate[0].tolist())
+    assert gates == [[True, False, False], [False, False, False], [False, False, False]]
+    assert _even_load([0.001, 0.002, 0.0, None]) == pytest.approx(0.025)  # the floor
 
 
 def test_busy_time_explained_by_memory_work_is_no_evidence_and_a_stall_is() -> None:

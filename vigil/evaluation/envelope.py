@@ -32,6 +32,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from vigil_gpu_monitor.detectors.peer_streams import TRAINING_BINS
 from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec
 from vigil_gpu_monitor.simulator.envelope import Envelope, draw
 from vigil_gpu_monitor.vigil.evaluation.scenarios import Scenario
@@ -40,6 +41,16 @@ START = 1_860_000_000.0
 FAULT_AT = 150.0
 DURATION = 390.0  # the fault's 4 minutes
 MIN_TICKS_AFTER = 12  # at a 30 s tick, watch at least this many ticks past the fault
+FIND_WITHIN = 240.0  # a small stall's deadline (issue #45): watched this long past it
+# A small stall (8-15 %) starts once Vigil has seen its GPU healthy: after the
+# checkpoint (105 s) and as many readings as a GPU's stream trains on, at the drawn
+# tick. One that starts earlier is, to every counter, a GPU born that much slower
+# than its peers: silicon spread, which the test allows up to its cap (10 %), so it
+# is found only beyond the cap (``detectors/peer_streams.py``). At a 1 s tick this
+# is 150 s as before; at 30 s, 555 s.
+SEEN_HEALTHY_AFTER = 105.0
+SEEN_HEALTHY_TICKS = TRAINING_BINS + 3
+SMALL_STALL = 1.15  # the top of the small stalls' band
 # New seeds for the new physics: nothing was tuned on either set when they were made.
 TUNING_SEEDS = (101, 102, 103)
 HELD_OUT_SEEDS = (201, 202, 203)
@@ -116,7 +127,10 @@ def _slow(kinds: tuple[str, ...], low: float, high: float,
               ) -> tuple[JobSpec, list[Fault], dict[str, object]]:
         job = _job(name, nodes, rng.choice(kinds), env, rng, **kw)
         node, gpu = rng.choice(job.nodes), str(rng.randrange(job.gpus_per_node))
-        return job, [Fault(rng.choice(faults), name, node, gpu, START + FAULT_AT,
+        # a small stall starts once the GPU was seen healthy (SEEN_HEALTHY_TICKS)
+        at = (FAULT_AT if high > SMALL_STALL else
+              max(FAULT_AT, SEEN_HEALTHY_AFTER + SEEN_HEALTHY_TICKS * env.tick))
+        return job, [Fault(rng.choice(faults), name, node, gpu, START + at,
                            severity=rng.uniform(low, high))], {}
     return build
 
@@ -165,6 +179,8 @@ def envelope_suite(seeds: tuple[int, ...], sizes: tuple[int, ...] = SIZES,
                 cluster = Cluster([job], faults, skew_seconds=env.clock_skew, loss=env.loss,
                                   reorder_seconds=2.0, tick=env.tick,
                                   **extra)  # type: ignore[arg-type]
-                duration = max(DURATION, FAULT_AT + MIN_TICKS_AFTER * env.tick)
+                onset = min((f.start - START for f in faults), default=FAULT_AT)
+                duration = max(DURATION, FAULT_AT + MIN_TICKS_AFTER * env.tick,
+                               onset + FIND_WITHIN)
                 out.append(Scenario(name, cluster, seed, duration=duration, start=START))
     return out
