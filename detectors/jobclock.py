@@ -1,0 +1,133 @@
+"""A sharded job's clock, fed back from stage 2 to its stage-1 shards (issue #46,
+docs/sharding.md, ``vigil.jobclock/1``).
+
+One stage places each node's samples against the job's clock, the median of every
+node's latest timestamp, and corrects a node once its offset from the median offset
+reaches ``MIN_CORRECTION`` (``detectors/clocks.py``). A shard sees only its nodes:
+its median is another one, and it corrects other nodes than one stage does (or none
+at all: a shard of two nodes has no majority). So stage 2, which hears every shard,
+computes the job's clock from the shards' summaries (each node's latest raw time and
+offset) and sends it back; a shard then votes with it:
+
+- the clock is the job's, carried forward by how far the shard's own nodes moved
+  since (the median of their latest times now, less that median in the summaries
+  the job's clock was computed from: ``base``), so it is about as fresh as the
+  shard's own samples;
+- corrections are measured from the job's median offset, and the job's node count
+  decides whether there is a majority at all.
+
+Until the first job clock arrives (or where it says nothing of this shard's nodes),
+the shard votes on its own, as before. This is not one stage's computation: the
+clock is a summary round trip old and moved on by an estimate, so a node whose
+offset sits right at ``MIN_CORRECTION`` may still be corrected a sample earlier or
+later than in one stage (bench/RESULTS.md says how often that shows).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from vigil_gpu_monitor.contracts import JOBCLOCK_SCHEMA
+from vigil_gpu_monitor.contracts.messages import JobClock
+from vigil_gpu_monitor.detectors.clocks import MIN_VOTERS, ClockOffsets
+
+
+class FedClockOffsets(ClockOffsets):
+    """A stage-1 shard's clock offsets, voting with the job's clock once fed."""
+
+    def __init__(self, state: dict[str, Any] | None = None) -> None:
+        super().__init__(state)
+        # the job clock last fed: {"clock", "reference", "voters", "base"} (or None)
+        self.fed: dict[str, Any] | None = (state or {}).get("fed")
+
+    def to_state(self) -> dict[str, Any]:
+        """The offsets, what they rest on and the job clock last fed."""
+        return {**super().to_state(), "fed": self.fed}
+
+    def take(self, clock: float | None, reference: float | None, voters: int,
+             base: float | None) -> None:
+        """The job's clock as stage 2 computed it, with this shard's nodes' median
+        latest time in the summaries it came from (``base``). Without a clock or a
+        base, the shard goes on voting alone. Used from the next vote on."""
+        if clock is None or base is None:
+            self.fed = None
+            return
+        self.fed = {"clock": clock, "reference": reference, "voters": voters, "base": base}
+
+    def _voters(self) -> int:
+        if self.fed is None:
+            return len(self.latest)
+        return max(len(self.latest), int(self.fed["voters"]))
+
+    def _vote(self) -> None:
+        super()._vote()
+        if self.fed is not None and self.latest:
+            moved = statistics.median(self.latest.values()) - self.fed["base"]
+            self.clock = self.fed["clock"] + moved
+
+    def _reference(self) -> float:
+        fed = getattr(self, "fed", None)  # None while the base class initialises
+        if fed is not None and fed["reference"] is not None:
+            return float(fed["reference"])
+        return super()._reference()
+
+
+def node_clocks(clocks: ClockOffsets) -> dict[str, list[float | None]]:
+    """Each node's latest raw time and offset (None: not estimated): a summary's
+    ``clocks``, what stage 2 computes the job's clock from."""
+    return {node: [ts, clocks.offset.get(node)] for node, ts in clocks.latest.items()}
+
+
+class JobClockKeeper:
+    """Stage 2's view of its job's clock: each shard's nodes' latest times and offsets
+    as its summary of the bin stage 2 last evaluated carried them. The clock is taken
+    from one bin's summaries of every shard, so that every shard's times are of the
+    same moment (a shard behind sends the same bin later, not other times); summaries
+    of bins not evaluated yet wait (their parts add up)."""
+
+    def __init__(self, shards: int, state: dict[str, Any] | None = None) -> None:
+        state = state or {}
+        self.shards = shards
+        # shard → node → [latest, offset], as of the last evaluated bin
+        self.nodes: dict[str, dict[str, list[float | None]]] = state.get("nodes", {})
+        # bin → shard → node → [latest, offset], bins not evaluated yet
+        self.pending: dict[str, dict[str, dict[str, list[float | None]]]] = state.get(
+            "pending", {})
+        self.settled: int | None = state.get("settled")
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able state for stage 2's checkpoint."""
+        return {"nodes": self.nodes, "pending": self.pending, "settled": self.settled}
+
+    def take(self, shard: int, b: int, clocks: dict[str, list[float | None]]) -> None:
+        """One part of shard ``shard``'s summary of bin ``b``."""
+        if self.settled is not None and b <= self.settled:
+            return  # evaluated already: sent again after a restart
+        self.pending.setdefault(str(b), {}).setdefault(str(shard), {}).update(clocks)
+
+    def settle(self, b: int) -> None:
+        """Bin ``b`` is being evaluated: the clocks of it (and of bins before it) are
+        the job's now, shard by shard."""
+        for at in sorted((k for k in self.pending if int(k) <= b), key=int):
+            for shard, clocks in self.pending.pop(at).items():
+                self.nodes[shard] = clocks
+        self.settled = b if self.settled is None else max(self.settled, b)
+
+    def message(self, job: str, bin_seconds: float, next_bin: int | None,
+                max_ts: float | None) -> JobClock:
+        """The ``vigil.jobclock/1`` to send every shard of the job now."""
+        latest = [v[0] for part in self.nodes.values() for v in part.values()
+                  if v[0] is not None]
+        offsets = [v[1] for part in self.nodes.values() for v in part.values()
+                   if v[1] is not None]
+        bases: list[float | None] = []
+        for k in range(self.shards):
+            mine = [v[0] for v in self.nodes.get(str(k), {}).values() if v[0] is not None]
+            bases.append(statistics.median(mine) if mine else None)
+        return {"schema": JOBCLOCK_SCHEMA, "job": job, "shards": self.shards,
+                "bin_seconds": bin_seconds, "next_bin": next_bin, "max_ts": max_ts,
+                "clock": statistics.median(latest) if latest else None,
+                "reference": statistics.median(offsets) if len(offsets) >= MIN_VOTERS
+                else None,
+                "voters": len(latest), "bases": bases}
