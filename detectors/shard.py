@@ -107,16 +107,21 @@ class ShardEngine:
         """JSON-able state (the engine's: window, held, health, clocks, watermark)."""
         return self.engine.to_state()
 
-    def take_jobclock(self, message: JobClock) -> None:
-        """The job's clock and watermark from stage 2 (``vigil.jobclock/1``): samples
-        are placed with the job's clock from the next vote on, and bins the job's
-        watermark closed are sealed by ``seal_closed`` (the caller's to call: a shard
-        whose nodes all fell silent has no sample to call it)."""
+    def take_jobclock(self, message: JobClock, watermark: bool = False) -> None:
+        """The job's clock from stage 2 (``vigil.jobclock/1``): samples are placed with
+        it from the next vote on. With ``watermark``, the job's watermark too: bins it
+        closed are sealed by the next ``seal_closed``, what comes for them is late. Only
+        for a shard that has gone quiet (its nodes all silent, nothing else would seal
+        its bins): a shard behind, a restarted worker with a backlog, must not take a
+        watermark its own samples have not reached, or its backlog would all be late."""
         clocks = self.engine.clocks
-        if isinstance(clocks, FedClockOffsets) and message["shards"] == self.shards:
+        if message["shards"] != self.shards:
+            return
+        if isinstance(clocks, FedClockOffsets):
             clocks.take(message["clock"], message["reference"], message["voters"],
                         message["bases"][self.shard])
-        self.follow(message["max_ts"], message["next_bin"])
+        if watermark:
+            self.follow(message["max_ts"], message["next_bin"])
 
     def follow(self, max_ts: float | None, next_bin: int | None) -> None:
         """The job's watermark, fed back by stage 2: samples of bins the job has

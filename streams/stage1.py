@@ -16,9 +16,12 @@ from its checkpoint and sends the summaries since again, the same ones (its stat
 a function of its samples): stage 2 ignores a part it already has.
 
 The job's clock and watermark come back from stage 2 (``vigil.jobclock/1``,
-``streams/jobclock.py``): each shard takes its job's newest before a batch of its
-samples, and a timer (``seal_by_jobclock``) seals what the job's watermark closed
-in shards that have no sample to do it (their nodes all fell silent).
+``streams/jobclock.py``): each shard takes its job's newest clock before a batch of
+its samples, and a timer (``seal_by_jobclock``) seals what the job's watermark
+closed in shards that have had no sample for ``grace_seconds`` (their nodes all fell
+silent; stage 2 waits for every shard, so they would stall the job). Only a quiet
+shard takes the job's watermark: one behind, a restarted worker with a backlog, would
+otherwise drop its backlog as late.
 """
 
 from __future__ import annotations
@@ -117,24 +120,27 @@ class Stage1Processor(BatchProcessor):
         self.metrics.late.inc(shard.engine.late - late_before)
         await self._send(shard, out, bins)
 
-    def _take_jobclock(self, shard: ShardEngine) -> bool:
-        """Hand the shard its job's newest clock, if one was heard."""
+    def _take_jobclock(self, shard: ShardEngine, watermark: bool = False) -> bool:
+        """Hand the shard its job's newest clock (and watermark), if one was heard."""
         clock = self.jobclocks.get(shard.engine.job) if shard.shards > 1 else None
         if clock is None:
             return False
-        shard.take_jobclock(clock)
+        shard.take_jobclock(clock, watermark)
         return True
 
-    async def seal_by_jobclock(self) -> int:
-        """Seal, in every live shard, the bins its job's watermark closed, and send
-        their summaries: a shard whose nodes all fell silent has no sample to seal
-        by, and would stall its job (stage 2 waits for every shard). Called every
-        second by the worker; returns the bins sealed."""
+    async def seal_by_jobclock(self, now: float | None = None) -> int:
+        """Seal, in every live shard quiet for ``grace_seconds``, the bins its job's
+        watermark closed, and send their summaries: a shard whose nodes all fell
+        silent has no sample to seal by, and would stall its job (stage 2 waits for
+        every shard). Called every second by the worker; returns the bins sealed."""
+        now = time.monotonic() if now is None else now
+        quiet = self.cfg.detect.grace_seconds
         sealed = 0
         async with self._lock:
             for key, engine in list(self.live.items()):
                 shard: Any = engine
-                if key == self.in_batch or not self._take_jobclock(shard):
+                if (key == self.in_batch or now - self.last_batch.get(key, now) < quiet
+                        or not self._take_jobclock(shard, watermark=True)):
                     continue
                 out = shard.seal_closed()
                 if out:

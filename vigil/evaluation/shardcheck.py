@@ -85,6 +85,8 @@ class KafkaModeRunner:
                  feedback: int | None = None) -> None:
         self.cfg, self.k, self.lag, self.feedback = cfg, shards, lag, feedback
         self.pending: list[tuple[int, JobClock]] = []  # (due at sample count, job clock)
+        self.heard: dict[tuple[str, int], int] = {}  # shard → sample count at its last sample
+        self.fed_at: dict[tuple[str, int], int] = {}  # shard → count at its last job clock
         # a job whose nodes leave a shard empty is one shard (a real job of K shards
         # has K x shard_nodes nodes; this bench forces K on small jobs)
         self.k_of = {job: shards if len({shard_of(n, shards) for n in names}) == shards
@@ -119,8 +121,12 @@ class KafkaModeRunner:
         while self.pending and self.pending[0][0] <= self.count:
             _, clock = self.pending.pop(0)
             for (job, k), shard in list(self.shards.items()):
-                if job == clock["job"]:
-                    shard.take_jobclock(clock)
+                if job != clock["job"]:
+                    continue
+                quiet = self.heard.get((job, k), 0) <= self.fed_at.get((job, k), -1)
+                shard.take_jobclock(clock, watermark=quiet)
+                self.fed_at[(job, k)] = self.count
+                if quiet:
                     out.extend(self._route(k, shard.shards, shard.seal_closed()))
         return out
 
@@ -137,6 +143,7 @@ class KafkaModeRunner:
             self.stage2.setdefault(sample["job"], JobStage2(sample["job"], count, self.cfg))
         out = self._route(k, count, shard.ingest(sample) + shard.seal_closed())
         self.count += 1
+        self.heard[key] = self.count
         out.extend(self._feed_back())
         if self.count % self.lag == 0:
             out.extend(self.flush())

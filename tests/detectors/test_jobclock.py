@@ -1,0 +1,146 @@
+"""The job's clock fed back from stage 2 to its stage-1 shards (issue #46,
+``vigil.jobclock/1``): a shard fed the job's clock corrects what one stage corrects,
+stage 2 computes the clock from one bin's summaries of every shard, and a shard whose
+nodes all fall silent no longer stalls its job over Kafka."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vigil_gpu_monitor.contracts.config import DetectConfig
+from vigil_gpu_monitor.contracts.jobclock import decode_jobclock, encode_jobclock
+from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.contracts.shards import shard_of
+from vigil_gpu_monitor.detectors.clocks import MIN_CORRECTION, ClockOffsets
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.detectors.jobclock import FedClockOffsets, JobClockKeeper
+from vigil_gpu_monitor.detectors.shard import JobStage2, ShardEngine
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.evaluation.shardcheck import KafkaModeRunner
+
+START = 1_800_000_000.0
+
+
+def _sample(node: str, ts: float) -> Sample:
+    return {"schema": "vigil.sample/1", "ts": ts, "node": node, "job": "j", "gpus": {},
+            "nics": {}}  # type: ignore[typeddict-item]
+
+
+def _shifts(clocks: ClockOffsets, nodes: list[str]) -> dict[str, float]:
+    return {n: clocks.offset[n] - clocks.reference for n in nodes}
+
+
+def test_a_shard_of_two_nodes_fed_the_jobs_clock_corrects_its_node_as_one_stage() -> None:
+    """Eight nodes, one 4 s behind; a shard holds it and one sane node. Alone, the
+    shard has no majority and corrects nothing; fed the job's clock, it corrects the
+    node behind as one stage does, and leaves the sane one alone."""
+    nodes = [f"n{i}" for i in range(8)]
+    behind = {"n0": -4.0}
+    one = ClockOffsets()
+    alone = ClockOffsets()
+    fed = FedClockOffsets()
+    for tick in range(60):
+        t = START + tick
+        for n in nodes:
+            ts = t + behind.get(n, 0.0) + 0.01 * (hash(n) % 7)
+            one.place(_sample(n, ts))
+            if n in ("n0", "n1"):
+                alone.place(_sample(n, ts))
+                fed.place(_sample(n, ts))
+        if tick % 5 == 4:  # stage 2's clock, a bin later, from every node's latest
+            latest = sorted(one.latest.values())
+            mine = [one.latest["n0"], one.latest["n1"]]
+            fed.take(latest[3] / 2 + latest[4] / 2, one.reference, len(latest),
+                     sum(mine) / 2)
+    assert abs(_shifts(one, ["n0"])["n0"]) >= MIN_CORRECTION
+    assert fed._voters() == 8 and alone._voters() == 2
+    placed_fed = fed.place(_sample("n0", START + 60 - 4.0))[0]["ts"]
+    placed_one = one.place(_sample("n0", START + 60 - 4.0))[0]["ts"]
+    placed_alone = alone.place(_sample("n0", START + 60 - 4.0))[0]["ts"]
+    assert placed_alone == START + 56.0  # no majority: not corrected
+    assert abs(placed_fed - placed_one) < 0.5 and placed_fed > START + 58.5
+    assert fed.place(_sample("n1", START + 60.0))[0]["ts"] == START + 60.0
+    restored = FedClockOffsets(fed.to_state())
+    assert restored.fed == fed.fed and restored._voters() == 8
+
+
+def test_stage2_takes_the_jobs_clock_from_one_bins_summaries_of_every_shard() -> None:
+    keeper = JobClockKeeper(2)
+    keeper.take(0, 10, {"a": [100.0, 0.5], "b": [101.0, None]})
+    keeper.take(1, 10, {"c": [102.0, 1.5]})
+    keeper.take(1, 11, {"c": [107.0, 1.5]})  # shard 1 is a bin ahead: it waits
+    keeper.settle(10)
+    msg = keeper.message("j", 5.0, 11, 103.0)
+    assert msg["clock"] == 101.0 and msg["voters"] == 3
+    assert msg["bases"] == [100.5, 102.0]
+    assert msg["reference"] is None  # two offsets: no majority
+    keeper.take(0, 11, {"a": [105.0, 0.5], "b": [106.0, 0.7]})
+    keeper.take(0, 9, {"a": [1.0, 0.0]})  # a restarted shard's old bin: ignored
+    keeper.settle(11)
+    msg = keeper.message("j", 5.0, 12, 108.0)
+    assert msg["clock"] == 106.0 and msg["bases"] == [105.5, 107.0]
+    assert msg["reference"] == 0.7
+    assert decode_jobclock(encode_jobclock(msg)) == msg
+    assert JobClockKeeper(2, keeper.to_state()).message("j", 5.0, 12, 108.0) == msg
+
+
+def _two_shards() -> tuple[list[str], int]:
+    names = ["a-0", "a-1", "a-4", "a-5", "a-2", "a-3"]
+    shards = 2
+    assert {shard_of(n, shards) for n in names} == {0, 1}
+    return names, shards
+
+
+def test_stage2_sends_one_jobclock_a_bin_and_none_for_a_job_of_one_shard() -> None:
+    names, shards = _two_shards()
+    cfg = DetectConfig()
+    engines = {k: ShardEngine("j", k, shards, cfg) for k in range(shards)}
+    stage2 = JobStage2("j", shards, cfg)
+    single = JobStage2("j", 1, cfg)
+    sent = []
+    for sample in Simulator(Cluster([JobSpec("j", names)], []), START, seed=1).samples(60):
+        shard = engines[shard_of(sample["node"], shards)]
+        for summary in shard.ingest(sample) + shard.seal_closed():
+            assert summary["bin"] is None or "clocks" in summary
+            stage2.receive(summary)
+            stage2.evaluate_ready()
+            clock = stage2.jobclock_due()
+            if clock is not None:
+                sent.append(clock)
+        assert single.jobclock_due() is None
+    bins = [c["next_bin"] for c in sent]
+    assert len(sent) >= 8 and len(bins) - len(set(bins)) <= len(set(bins))
+    last = sent[-1]
+    assert last["voters"] == len(names) and None not in last["bases"]
+    assert last["max_ts"] is not None and last["max_ts"] > START + 50
+
+
+def test_a_silent_shard_no_longer_stalls_its_job_over_kafka() -> None:
+    """One node alone in its shard falls silent: without the feedback, stage 2 waits
+    for its shard for ever; with it, the shard seals its bins by the job's watermark
+    and stage 2 finds the node silent at the bin one stage does. Its last sample's
+    time (silence is judged on the whole clock offset, no ``MIN_CORRECTION`` step) is
+    off by the two offset estimates' difference: milliseconds."""
+    names = ["a-0", "a-1", "a-4", "a-5"]
+    shards = 4
+    assert len({shard_of(n, shards) for n in names}) == shards
+    cluster = Cluster([JobSpec("job", names)],
+                      [Fault("node_silent", "job", names[0], None, START + 40)])
+    samples = list(Simulator(cluster, START, seed=1).samples(150))
+    nodes = {"job": set(names)}
+
+    def run(feedback: int | None) -> tuple[list[Any], Any]:
+        runner = KafkaModeRunner(DetectConfig(), shards, 20, nodes, feedback)
+        found = [d for s in samples for d in runner.feed(s)] + runner.flush()
+        return found, runner.stage2["job"].engine.next_bin
+
+    stalled, stalled_at = run(None)
+    fed, fed_at = run(8)
+    assert stalled == [] and stalled_at * 5.0 < START + 60
+    replay = ReplayRunner(DetectConfig())
+    one = [d for s in samples for d in replay.feed(s)]
+    assert [(d["kind"], d["node"], d["detected_at"]) for d in fed] == [
+        (d["kind"], d["node"], d["detected_at"]) for d in one] == [
+        ("node_silent", names[0], START + 50)]
+    assert abs(fed[0]["started_at"] - one[0]["started_at"]) < 0.05
+    assert fed_at * 5.0 > START + 130
