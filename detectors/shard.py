@@ -299,7 +299,7 @@ class JobStage2:
         seen.append(summary["part"])
         clocks = summary.get("clocks")
         if clocks is not None:
-            self.clock.take(shard, b, clocks)
+            self.clock.take(shard, b, clocks, summary["max_ts"])
         self.bins.setdefault(b, {}).setdefault(shard, {}).update(summary["nodes"])
         self.health_at.setdefault(str(b), {}).setdefault(str(shard), {}).update(
             summary["health"])

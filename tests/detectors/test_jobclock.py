@@ -65,17 +65,19 @@ def test_a_shard_of_two_nodes_fed_the_jobs_clock_corrects_its_node_as_one_stage(
 
 
 def test_stage2_takes_the_jobs_clock_from_one_bins_summaries_of_every_shard() -> None:
+    """Each shard's times are carried to the moment of the job's watermark: shard 0
+    sealed bin 10 half a second before shard 1 (its watermark 103.0, shard 1's 103.5)."""
     keeper = JobClockKeeper(2)
-    keeper.take(0, 10, {"a": [100.0, 0.5], "b": [101.0, None]})
-    keeper.take(1, 10, {"c": [102.0, 1.5]})
-    keeper.take(1, 11, {"c": [107.0, 1.5]})  # shard 1 is a bin ahead: it waits
+    keeper.take(0, 10, {"a": [100.0, 0.5], "b": [101.0, None]}, 103.0)
+    keeper.take(1, 10, {"c": [102.0, 1.5]}, 103.5)
+    keeper.take(1, 11, {"c": [107.0, 1.5]}, 108.0)  # shard 1 is a bin ahead: it waits
     keeper.settle(10)
-    msg = keeper.message("j", 5.0, 11, 103.0)
-    assert msg["clock"] == 101.0 and msg["voters"] == 3
-    assert msg["bases"] == [100.5, 102.0]
+    msg = keeper.message("j", 5.0, 11, 103.5)
+    assert msg["clock"] == 101.5 and msg["voters"] == 3  # a, b carried by 0.5 s
+    assert msg["bases"] == [101.0, 102.0]
     assert msg["reference"] is None  # two offsets: no majority
-    keeper.take(0, 11, {"a": [105.0, 0.5], "b": [106.0, 0.7]})
-    keeper.take(0, 9, {"a": [1.0, 0.0]})  # a restarted shard's old bin: ignored
+    keeper.take(0, 11, {"a": [105.0, 0.5], "b": [106.0, 0.7]}, 108.0)
+    keeper.take(0, 9, {"a": [1.0, 0.0]}, 1.0)  # a restarted shard's old bin: ignored
     keeper.settle(11)
     msg = keeper.message("j", 5.0, 12, 108.0)
     assert msg["clock"] == 106.0 and msg["bases"] == [105.5, 107.0]
