@@ -7,8 +7,7 @@ clock offset its corrections are measured from, and the job's watermark. Stage 2
 writes this message, keyed by job on a compacted topic, each time it evaluates a
 bin or the job's watermark moves a bin; every stage-1 worker reads it. The clock is
 a summary round trip old when it arrives, so each shard carries it forward by how
-far its own nodes' clocks moved since (``bases``: what its nodes' median latest
-time was in the summaries the clock was computed from).
+far its own watermark moved past the job's watermark the clock is of (``at``).
 
 Also here: the check of a summary's ``clocks`` (each node's latest time and offset,
 what stage 2 computes the job's clock from). Standard library only, like the rest
@@ -32,7 +31,7 @@ from vigil_gpu_monitor.contracts.shards import MAX_SHARDS
 MAX_BIN = 2 ** 53
 MAX_VOTERS = 1 << 24
 _FIELDS = {"schema", "job", "shards", "bin_seconds", "next_bin", "max_ts", "clock",
-           "reference", "voters", "bases"}
+           "reference", "voters", "at"}
 
 
 def _bad(path: str, what: str) -> ContractError:
@@ -73,14 +72,9 @@ def validate_jobclock(message: Any) -> JobClock:
     if (_finite(message["bin_seconds"], "bin_seconds", null_ok=False) or 0.0) <= 0:
         raise _bad("bin_seconds", "must be positive")
     _integer(message["next_bin"], "next_bin", -MAX_BIN, MAX_BIN, null_ok=True)
-    for key in ("max_ts", "clock", "reference"):
+    for key in ("max_ts", "clock", "reference", "at"):
         _finite(message[key], key)
     _integer(message["voters"], "voters", 0, MAX_VOTERS)
-    bases = message["bases"]
-    if not isinstance(bases, list) or len(bases) != message["shards"]:
-        raise _bad("bases", "must be a list of one number or null per shard")
-    for i, base in enumerate(bases):
-        _finite(base, f"bases[{i}]")
     return cast(JobClock, message)
 
 
@@ -93,7 +87,7 @@ def encode_jobclock(clock: JobClock) -> bytes:
     """A job clock → compact UTF-8 JSON, validated first."""
     raw = json.dumps(validate_jobclock(clock), separators=(",", ":"), allow_nan=False,
                      ensure_ascii=False).encode()
-    if len(raw) > MAX_MESSAGE_BYTES:  # 4,096 shards at most: ~90 KB
+    if len(raw) > MAX_MESSAGE_BYTES:  # a few hundred bytes: never, unless the job id
         raise ContractError("too_large", f"job clock of {len(raw)} bytes > {MAX_MESSAGE_BYTES}")
     return raw
 

@@ -214,7 +214,7 @@ class JobClock(TypedDict):
     bin_seconds: float
     next_bin: int | None  # the job's next bin to evaluate
     max_ts: float | None  # the job's watermark: its newest placed sample, job clock
-    clock: float | None  # median of the job's nodes' latest raw timestamps
+    clock: float | None  # median of the job's nodes' latest raw timestamps, at ``at``
     reference: float | None  # median of the nodes' clock offsets (null: under 3)
     voters: int  # nodes that vote on the clock
-    bases: list[float | None]  # per shard: median latest raw ts of its nodes (the clock's)
+    at: float | None  # the job's watermark at the moment ``clock`` is of

@@ -285,7 +285,7 @@ def jobclock_schema() -> dict[str, Any]:
         "type": "object",
         "additionalProperties": False,
         "required": ["schema", "job", "shards", "bin_seconds", "next_bin", "max_ts", "clock",
-                     "reference", "voters", "bases"],
+                     "reference", "voters", "at"],
         "properties": {
             "schema": {"const": JOBCLOCK_SCHEMA},
             "job": {**_JOB, "minLength": 1},
@@ -297,8 +297,8 @@ def jobclock_schema() -> dict[str, Any]:
             "clock": number_or_null,
             "reference": number_or_null,
             "voters": {"type": "integer", "minimum": 0, "maximum": MAX_VOTERS},
-            "bases": {"type": "array", "items": number_or_null,
-                      "description": "one per shard, in shard order"},
+            "at": {**number_or_null,
+                   "description": "the job's watermark at the moment clock is of"},
         },
     }
 

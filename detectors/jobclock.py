@@ -9,10 +9,11 @@ at all: a shard of two nodes has no majority). So stage 2, which hears every sha
 computes the job's clock from the shards' summaries (each node's latest raw time and
 offset) and sends it back; a shard then votes with it:
 
-- the clock is the job's, carried forward by how far the shard's own nodes moved
-  since (the median of their latest times now, less that median in the summaries
-  the job's clock was computed from: ``base``), so it is about as fresh as the
-  shard's own samples;
+- the clock is the job's at the moment its watermark was ``at``, carried forward
+  by how far the shard's own watermark has moved past ``at`` (its newest placed
+  sample: it moves as long as any of its nodes sends, where a median of its nodes'
+  latest times would slow down with every node that falls silent), so it is about
+  as fresh as the shard's own samples;
 - corrections are measured from the job's median offset, and the job's node count
   decides whether there is a majority at all.
 
@@ -38,22 +39,23 @@ class FedClockOffsets(ClockOffsets):
 
     def __init__(self, state: dict[str, Any] | None = None) -> None:
         super().__init__(state)
-        # the job clock last fed: {"clock", "reference", "voters", "base"} (or None)
+        # the job clock last fed: {"clock", "reference", "voters", "at"} (or None)
         self.fed: dict[str, Any] | None = (state or {}).get("fed")
+        self.watermark: float | None = None  # the shard's own, set before each sample
 
     def to_state(self) -> dict[str, Any]:
         """The offsets, what they rest on and the job clock last fed."""
         return {**super().to_state(), "fed": self.fed}
 
     def take(self, clock: float | None, reference: float | None, voters: int,
-             base: float | None) -> None:
-        """The job's clock as stage 2 computed it, with this shard's nodes' median
-        latest time in the summaries it came from (``base``). Without a clock or a
-        base, the shard goes on voting alone. Used from the next vote on."""
-        if clock is None or base is None:
+             at: float | None) -> None:
+        """The job's clock as stage 2 computed it, at the moment the job's watermark
+        was ``at``. Without either, the shard goes on voting alone. Used from the
+        next vote on (``watermark`` must be kept current: the engine's ``max_ts``)."""
+        if clock is None or at is None:
             self.fed = None
             return
-        self.fed = {"clock": clock, "reference": reference, "voters": voters, "base": base}
+        self.fed = {"clock": clock, "reference": reference, "voters": voters, "at": at}
 
     def _voters(self) -> int:
         if self.fed is None:
@@ -62,9 +64,8 @@ class FedClockOffsets(ClockOffsets):
 
     def _vote(self) -> None:
         super()._vote()
-        if self.fed is not None and self.latest:
-            moved = statistics.median(self.latest.values()) - self.fed["base"]
-            self.clock = self.fed["clock"] + moved
+        if self.fed is not None and self.watermark is not None:
+            self.clock = self.fed["clock"] + (self.watermark - self.fed["at"])
 
     def _reference(self) -> float:
         fed = getattr(self, "fed", None)  # None while the base class initialises
@@ -87,10 +88,9 @@ class JobClockKeeper:
     shards sealed that bin at slightly different moments (each when its own newest
     sample passed it): each shard's times are carried to one moment, the job's
     watermark ``W``, by the distance of the shard's own watermark ``w_k`` in that
-    summary from it. So ``clock`` is the median of every node's ``latest + W - w_k``
-    and ``bases[k]`` the median of shard k's ``latest + W - w_k``: a shard's clock is
-    ``clock + (median of its nodes' latest now - bases[k])`` (measured: shards 0.4 s
-    apart when their moments were not aligned, and one stage's corrections missed)."""
+    summary from it. So ``clock`` is the median of every node's ``latest + W - w_k``,
+    sent with ``at = W``: a shard's clock is ``clock + (its watermark now - at)``
+    (measured: shards 0.4 s apart when their moments were not aligned)."""
 
     def __init__(self, shards: int, state: dict[str, Any] | None = None) -> None:
         state = state or {}
@@ -143,14 +143,9 @@ class JobClockKeeper:
                   if v[0] is not None]
         offsets = [v[1] for part in self.nodes.values() for v in part.values()
                    if v[1] is not None]
-        bases: list[float | None] = []
-        for k in range(self.shards):
-            mine = [v[0] + carried[str(k)] for v in self.nodes.get(str(k), {}).values()
-                    if v[0] is not None]
-            bases.append(statistics.median(mine) if mine else None)
         return {"schema": JOBCLOCK_SCHEMA, "job": job, "shards": self.shards,
                 "bin_seconds": bin_seconds, "next_bin": next_bin, "max_ts": max_ts,
                 "clock": statistics.median(latest) if latest else None,
                 "reference": statistics.median(offsets) if len(offsets) >= MIN_VOTERS
                 else None,
-                "voters": len(latest), "bases": bases}
+                "voters": len(latest), "at": moment if self.moment else None}

@@ -119,7 +119,7 @@ class ShardEngine:
             return
         if isinstance(clocks, FedClockOffsets):
             clocks.take(message["clock"], message["reference"], message["voters"],
-                        message["bases"][self.shard])
+                        message["at"])
         if watermark:
             self.follow(message["max_ts"], message["next_bin"])
 
@@ -136,6 +136,9 @@ class ShardEngine:
         """Fold one validated sample of this shard's nodes in; a summary of only events
         when health findings fired on it (sent at once: an XID does not wait for its
         bin to close)."""
+        clocks = self.engine.clocks
+        if isinstance(clocks, FedClockOffsets):
+            clocks.watermark = self.engine.max_ts
         ts, found = self.engine.fold(sample)
         if not found:
             return []
