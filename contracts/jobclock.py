@@ -6,8 +6,9 @@ the job's: the job's clock (the median of every node's latest timestamp), the me
 clock offset its corrections are measured from, and the job's watermark. Stage 2
 writes this message, keyed by job on a compacted topic, each time it evaluates a
 bin or the job's watermark moves a bin; every stage-1 worker reads it. The clock is
-a summary round trip old when it arrives, so each shard carries it forward by how
-far its own watermark moved past the job's watermark the clock is of (``at``).
+a summary round trip old when it arrives, so each shard carries it forward from
+the moment it sealed the bin the clock was computed from (``bin``) by how far its
+own nodes moved since.
 
 Also here: the check of a summary's ``clocks`` (each node's latest time and offset,
 what stage 2 computes the job's clock from). Standard library only, like the rest
@@ -31,7 +32,7 @@ from vigil_gpu_monitor.contracts.shards import MAX_SHARDS
 MAX_BIN = 2 ** 53
 MAX_VOTERS = 1 << 24
 _FIELDS = {"schema", "job", "shards", "bin_seconds", "next_bin", "max_ts", "clock",
-           "reference", "voters", "at"}
+           "reference", "voters", "at", "bin"}
 
 
 def _bad(path: str, what: str) -> ContractError:
@@ -72,6 +73,7 @@ def validate_jobclock(message: Any) -> JobClock:
     if (_finite(message["bin_seconds"], "bin_seconds", null_ok=False) or 0.0) <= 0:
         raise _bad("bin_seconds", "must be positive")
     _integer(message["next_bin"], "next_bin", -MAX_BIN, MAX_BIN, null_ok=True)
+    _integer(message["bin"], "bin", -MAX_BIN, MAX_BIN, null_ok=True)
     for key in ("max_ts", "clock", "reference", "at"):
         _finite(message[key], key)
     _integer(message["voters"], "voters", 0, MAX_VOTERS)

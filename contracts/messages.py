@@ -218,3 +218,4 @@ class JobClock(TypedDict):
     reference: float | None  # median of the nodes' clock offsets (null: under 3)
     voters: int  # nodes that vote on the clock
     at: float | None  # the job's watermark at the moment ``clock`` is of
+    bin: int | None  # the bin whose summaries ``clock`` was computed from

@@ -285,7 +285,7 @@ def jobclock_schema() -> dict[str, Any]:
         "type": "object",
         "additionalProperties": False,
         "required": ["schema", "job", "shards", "bin_seconds", "next_bin", "max_ts", "clock",
-                     "reference", "voters", "at"],
+                     "reference", "voters", "at", "bin"],
         "properties": {
             "schema": {"const": JOBCLOCK_SCHEMA},
             "job": {**_JOB, "minLength": 1},
@@ -299,6 +299,9 @@ def jobclock_schema() -> dict[str, Any]:
             "voters": {"type": "integer", "minimum": 0, "maximum": MAX_VOTERS},
             "at": {**number_or_null,
                    "description": "the job's watermark at the moment clock is of"},
+            "bin": {"oneOf": [{"type": "null"}, {"type": "integer", "minimum": -MAX_BIN,
+                                                 "maximum": MAX_BIN}],
+                    "description": "the bin whose summaries clock was computed from"},
         },
     }
 

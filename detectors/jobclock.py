@@ -9,11 +9,15 @@ at all: a shard of two nodes has no majority). So stage 2, which hears every sha
 computes the job's clock from the shards' summaries (each node's latest raw time and
 offset) and sends it back; a shard then votes with it:
 
-- the clock is the job's at the moment its watermark was ``at``, carried forward
-  by how far the shard's own watermark has moved past ``at`` (its newest placed
-  sample: it moves as long as any of its nodes sends, where a median of its nodes'
-  latest times would slow down with every node that falls silent), so it is about
-  as fresh as the shard's own samples;
+- the clock is the job's as of bin ``bin``'s summaries, brought to the moment this
+  shard sealed that bin (the job's clock is of the moment the job's watermark was
+  ``at``; the shard's was ``w`` then: ``clock - (at - w)``), then carried forward
+  by how far the shard's own nodes moved since: the median, over its nodes that sent
+  since, of each one's latest time now less its latest time at that seal (the shard
+  keeps those, ``remember``). Nodes that fell silent do not count, so the clock
+  does not slow down with them (a median of the nodes' latest times did: a 2-node
+  shard's clock ran at half speed once one node fell silent); nor does a corrected
+  node's placed time feed back into it (the shard's watermark did: false silences);
 - corrections are measured from the job's median offset, and the job's node count
   decides whether there is a majority at all.
 
@@ -33,43 +37,70 @@ from vigil_gpu_monitor.contracts import JOBCLOCK_SCHEMA
 from vigil_gpu_monitor.contracts.messages import JobClock
 from vigil_gpu_monitor.detectors.clocks import MIN_VOTERS, ClockOffsets
 
+MAX_SNAPS = 16  # bins a shard remembers its nodes' times of (a job clock older: alone)
+
 
 class FedClockOffsets(ClockOffsets):
     """A stage-1 shard's clock offsets, voting with the job's clock once fed."""
 
     def __init__(self, state: dict[str, Any] | None = None) -> None:
         super().__init__(state)
-        # the job clock last fed: {"clock", "reference", "voters", "at"} (or None)
+        # the job clock last fed: {"clock", "reference", "voters", "at", "bin"} (or None)
         self.fed: dict[str, Any] | None = (state or {}).get("fed")
-        self.watermark: float | None = None  # the shard's own, set before each sample
+        # bin → (the shard's watermark, its nodes' latest times) when it sealed it: not
+        # checkpointed (a restored shard votes alone until it has sealed a fed bin)
+        self.snaps: dict[int, tuple[float, dict[str, float]]] = {}
 
     def to_state(self) -> dict[str, Any]:
         """The offsets, what they rest on and the job clock last fed."""
         return {**super().to_state(), "fed": self.fed}
 
+    def remember(self, b: int, watermark: float | None) -> None:
+        """The shard sealed bin ``b`` with its watermark at ``watermark``: keep its
+        nodes' latest times, what a job clock of that bin is carried forward from."""
+        if watermark is None:
+            return
+        self.snaps[b] = (watermark, dict(self.latest))
+        while len(self.snaps) > MAX_SNAPS:
+            del self.snaps[min(self.snaps)]
+
     def take(self, clock: float | None, reference: float | None, voters: int,
-             at: float | None) -> None:
-        """The job's clock as stage 2 computed it, at the moment the job's watermark
-        was ``at``. Without either, the shard goes on voting alone. Used from the
-        next vote on (``watermark`` must be kept current: the engine's ``max_ts``)."""
-        if clock is None or at is None:
+             at: float | None, b: int | None) -> None:
+        """The job's clock as stage 2 computed it from the summaries of bin ``b``, at
+        the moment the job's watermark was ``at``. Without them, the shard goes on
+        voting alone. Used from the next vote on."""
+        if clock is None or at is None or b is None:
             self.fed = None
             return
-        self.fed = {"clock": clock, "reference": reference, "voters": voters, "at": at}
+        self.fed = {"clock": clock, "reference": reference, "voters": voters, "at": at,
+                    "bin": b}
+        for old in [k for k in self.snaps if k < b]:
+            del self.snaps[old]
+
+    def _usable(self) -> tuple[float, dict[str, float]] | None:
+        """The seal the fed clock is carried forward from (None: not fed, or that
+        seal is not known here)."""
+        fed = getattr(self, "fed", None)  # None while the base class initialises
+        return None if fed is None else self.snaps.get(int(fed["bin"]))
 
     def _voters(self) -> int:
-        if self.fed is None:
+        if self.fed is None or self._usable() is None:
             return len(self.latest)
         return max(len(self.latest), int(self.fed["voters"]))
 
     def _vote(self) -> None:
         super()._vote()
-        if self.fed is not None and self.watermark is not None:
-            self.clock = self.fed["clock"] + (self.watermark - self.fed["at"])
+        snap = self._usable()
+        if snap is None or self.fed is None:
+            return
+        watermark, then = snap
+        moved = [ts - then[n] for n, ts in self.latest.items() if n in then and ts > then[n]]
+        self.clock = (self.fed["clock"] - (self.fed["at"] - watermark)
+                      + (statistics.median(moved) if moved else 0.0))
 
     def _reference(self) -> float:
-        fed = getattr(self, "fed", None)  # None while the base class initialises
-        if fed is not None and fed["reference"] is not None:
+        fed = getattr(self, "fed", None)
+        if fed is not None and fed["reference"] is not None and self._usable() is not None:
             return float(fed["reference"])
         return super()._reference()
 
@@ -89,8 +120,8 @@ class JobClockKeeper:
     sample passed it): each shard's times are carried to one moment, the job's
     watermark ``W``, by the distance of the shard's own watermark ``w_k`` in that
     summary from it. So ``clock`` is the median of every node's ``latest + W - w_k``,
-    sent with ``at = W``: a shard's clock is ``clock + (its watermark now - at)``
-    (measured: shards 0.4 s apart when their moments were not aligned)."""
+    sent with ``at = W`` and the bin (measured: shards 0.4 s apart when their
+    moments were not aligned)."""
 
     def __init__(self, shards: int, state: dict[str, Any] | None = None) -> None:
         state = state or {}
@@ -148,4 +179,5 @@ class JobClockKeeper:
                 "clock": statistics.median(latest) if latest else None,
                 "reference": statistics.median(offsets) if len(offsets) >= MIN_VOTERS
                 else None,
-                "voters": len(latest), "at": moment if self.moment else None}
+                "voters": len(latest), "at": moment if self.moment else None,
+                "bin": self.settled}

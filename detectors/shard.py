@@ -119,7 +119,7 @@ class ShardEngine:
             return
         if isinstance(clocks, FedClockOffsets):
             clocks.take(message["clock"], message["reference"], message["voters"],
-                        message["at"])
+                        message["at"], message["bin"])
         if watermark:
             self.follow(message["max_ts"], message["next_bin"])
 
@@ -136,9 +136,6 @@ class ShardEngine:
         """Fold one validated sample of this shard's nodes in; a summary of only events
         when health findings fired on it (sent at once: an XID does not wait for its
         bin to close)."""
-        clocks = self.engine.clocks
-        if isinstance(clocks, FedClockOffsets):
-            clocks.watermark = self.engine.max_ts
         ts, found = self.engine.fold(sample)
         if not found:
             return []
@@ -150,6 +147,8 @@ class ShardEngine:
         e = self.engine
         e.window.seal(b)
         e.health.forget_stale((b + 1) * self.cfg.bin_seconds)
+        if self.shards > 1 and isinstance(e.clocks, FedClockOffsets):
+            e.clocks.remember(b, e.max_ts)
         summary = self._summary(b, [], health=True)
         e.window.drop_before(b)  # the summary has it; the last bin shares device lists
         return summary

@@ -87,6 +87,7 @@ def test_a_summarys_clocks_are_split_with_its_nodes() -> None:
     ("shards", True, "bad_jobclock"),
     ("at", [1.0], "bad_jobclock"),
     ("at", "x", "bad_jobclock"),
+    ("bin", 1.5, "bad_jobclock"),
     ("clock", "now", "bad_jobclock"),
     ("max_ts", float("nan"), "bad_jobclock"),
     ("bin_seconds", 0, "bad_jobclock"),

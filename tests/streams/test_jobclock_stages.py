@@ -126,7 +126,7 @@ def _clock(next_bin: int | None, max_ts: float | None, shards: int = 2) -> bytes
     return encode_jobclock({"schema": "vigil.jobclock/1", "job": "j", "shards": shards,
                             "bin_seconds": 5.0, "next_bin": next_bin, "max_ts": max_ts,
                             "clock": 100.0, "reference": 0.5, "voters": 8,
-                            "at": 99.0})
+                            "at": 99.0, "bin": next_bin})
 
 
 def test_the_feed_keeps_each_jobs_newest_clock_and_counts_what_it_refuses() -> None:
