@@ -11,7 +11,9 @@ job's clock and watermark fed back at once; every summary through the
 (``vigil/evaluation/shardcheck.py``). ``--suite``: the scenario suite of ``vigil bench
 detect`` (sizes and seeds as given). ``--simulate-gpus N``: one job of N GPUs with
 faults (``bench_shard_seam.simulated``). ``--kafka-lag N``: the shards as over Kafka
-today (own clocks and watermarks, no feedback; shard 0's summaries N samples late).
+(own clocks and watermarks; shard 0's summaries N samples late); with
+``--feedback M`` stage 2's job clock (``vigil.jobclock/1``) reaches the shards M
+samples after it was written (the clock a summary round trip old).
 Exit status 1 when any differ.
 """
 
@@ -36,8 +38,9 @@ def _trace(path: str) -> Callable[[], Iterable[Any]]:
 
 
 def _report(name: str, lines: Callable[[], Iterable[Any]], shards: list[int],
-            evidence: bool, kafka_lag: int) -> bool:
-    one_s, outcomes = compare(lines, shards, evidence=evidence, kafka_lag=kafka_lag)
+            evidence: bool, kafka_lag: int, feedback: int | None) -> bool:
+    one_s, outcomes = compare(lines, shards, evidence=evidence, kafka_lag=kafka_lag,
+                              feedback=feedback)
     ok = True
     for o in outcomes:
         ok = ok and o.equal
@@ -65,6 +68,9 @@ def main() -> int:
     parser.add_argument("--kafka-lag", type=int, default=0, metavar="N",
                         help="run the shards as over Kafka (own clocks and watermarks, "
                              "no feedback), shard 0's summaries N samples behind")
+    parser.add_argument("--feedback", type=int, default=None, metavar="M",
+                        help="with --kafka-lag: stage 2's job clock fed back to the "
+                             "shards, M samples on its way")
     args = parser.parse_args()
     shards = [int(s) for s in args.shards.split(",")]
     traces = list(args.traces)
@@ -76,7 +82,7 @@ def main() -> int:
     ok = True
     for trace in traces:
         ok = _report(Path(trace).name, _trace(trace), shards, args.evidence,
-                     args.kafka_lag) and ok
+                     args.kafka_lag, args.feedback) and ok
     if args.suite:
         from vigil_gpu_monitor.simulator.cluster import Simulator
         from vigil_gpu_monitor.vigil.evaluation.scenarios import suite
@@ -86,7 +92,8 @@ def main() -> int:
         for sc in scenarios:
             def lines(sc: Any = sc) -> Iterable[Any]:
                 return Simulator(sc.cluster, sc.start, seed=sc.seed).samples(sc.duration)
-            ok = _report(sc.name, lines, shards, args.evidence, args.kafka_lag) and ok
+            ok = _report(sc.name, lines, shards, args.evidence, args.kafka_lag,
+                         args.feedback) and ok
     return 0 if ok else 1
 
 

@@ -299,6 +299,11 @@ class AgentConfig:
     infiniband_root: str = "/sys/class/infiniband"
     proc_root: str = "/proc"
     cgroup_root: str = "/sys/fs/cgroup"
+    # the node count of this node's jobs, where the scheduler does not tell the agent
+    # (Kubernetes, static): samples of a job over detect.shard_nodes are keyed by
+    # shard (docs/sharding.md); 0: unknown (Slurm: read from the job's environment;
+    # otherwise one shard, keyed by job)
+    job_nodes: int = 0
     fake_nvml_call_cost: float = 0.0  # seconds of CPU per call of the fake (benchmarks)
     fake_nvml_h100_costs: bool = False  # the fake's calls at a real H100's measured costs
 

@@ -199,3 +199,23 @@ class Summary(TypedDict):
     nodes: dict[str, NodeRows]  # the nodes with readings in the bin
     health: dict[str, NodeHealth]  # every node the shard keeps (all parts together)
     events: list[SummaryEvent]
+    # node → [latest raw ts, clock offset or null] of every node the shard keeps (all
+    # parts together), in a bin's summary: what stage 2's job clock rests on
+    clocks: NotRequired[dict[str, list[float | None]]]
+
+
+class JobClock(TypedDict):
+    """``vigil.jobclock/1``: a sharded job's clock and watermark, as its stage 2 last
+    evaluated it, for every stage-1 shard of the job (key = job id, compacted)."""
+
+    schema: str
+    job: str
+    shards: int
+    bin_seconds: float
+    next_bin: int | None  # the job's next bin to evaluate
+    max_ts: float | None  # the job's watermark: its newest placed sample, job clock
+    clock: float | None  # median of the job's nodes' latest raw timestamps, at ``at``
+    reference: float | None  # median of the nodes' clock offsets (null: under 3)
+    voters: int  # nodes that vote on the clock
+    at: float | None  # the job's watermark at the moment ``clock`` is of
+    bin: int | None  # the bin whose summaries ``clock`` was computed from

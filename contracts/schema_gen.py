@@ -13,6 +13,7 @@ from typing import Any
 
 from vigil_gpu_monitor.contracts import (
     DETECTION_SCHEMA,
+    JOBCLOCK_SCHEMA,
     SAMPLE_SCHEMA,
     STEP_SCHEMA,
     SUMMARY_SCHEMA,
@@ -27,6 +28,7 @@ from vigil_gpu_monitor.contracts.codec import (
     MAX_NICS,
     SEVERITIES,
 )
+from vigil_gpu_monitor.contracts.jobclock import MAX_VOTERS
 from vigil_gpu_monitor.contracts.names import (
     JOB_SCHEMA_PATTERN,
     MAX_NODE_CHARS,
@@ -262,6 +264,44 @@ def summary_schema() -> dict[str, Any]:
             "health": {"type": "object", "maxProperties": NODES_PER_PART,
                        "propertyNames": _NODE, "additionalProperties": health},
             "events": {"type": "array", "items": event},
+            "clocks": {"type": "object", "maxProperties": NODES_PER_PART,
+                       "propertyNames": _NODE, "additionalProperties": {
+                           "type": "array", "minItems": 2, "maxItems": 2,
+                           "prefixItems": [{"type": "number"}, number_or_null]},
+                       "description": "optional, in a bin's summary: each node the shard "
+                                      "keeps → [latest raw timestamp, clock offset or null]"},
+        },
+    }
+
+
+def jobclock_schema() -> dict[str, Any]:
+    """JSON Schema of ``vigil.jobclock/1`` (stage 2 back to a sharded job's stage 1)."""
+    number_or_null = {"oneOf": [{"type": "null"}, {"type": "number"}]}
+    return {
+        "$schema": _DIALECT,
+        "$id": "vigil.jobclock/1",
+        "title": "A sharded job's clock and watermark, for its stage-1 shards "
+                 "(key = job id, compacted)",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schema", "job", "shards", "bin_seconds", "next_bin", "max_ts", "clock",
+                     "reference", "voters", "at", "bin"],
+        "properties": {
+            "schema": {"const": JOBCLOCK_SCHEMA},
+            "job": {**_JOB, "minLength": 1},
+            "shards": {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS},
+            "bin_seconds": {"type": "number", "exclusiveMinimum": 0},
+            "next_bin": {"oneOf": [{"type": "null"}, {"type": "integer", "minimum": -MAX_BIN,
+                                                      "maximum": MAX_BIN}]},
+            "max_ts": number_or_null,
+            "clock": number_or_null,
+            "reference": number_or_null,
+            "voters": {"type": "integer", "minimum": 0, "maximum": MAX_VOTERS},
+            "at": {**number_or_null,
+                   "description": "the job's watermark at the moment clock is of"},
+            "bin": {"oneOf": [{"type": "null"}, {"type": "integer", "minimum": -MAX_BIN,
+                                                 "maximum": MAX_BIN}],
+                    "description": "the bin whose summaries clock was computed from"},
         },
     }
 
@@ -269,7 +309,8 @@ def summary_schema() -> dict[str, Any]:
 def rendered() -> dict[str, str]:
     """File name → JSON text, as committed under ``contracts/schemas/``."""
     docs = {"sample-1.json": sample_schema(), "detection-1.json": detection_schema(),
-            "step-1.json": step_schema(), "summary-1.json": summary_schema()}
+            "step-1.json": step_schema(), "summary-1.json": summary_schema(),
+            "jobclock-1.json": jobclock_schema()}
     return {name: json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
             for name, doc in docs.items()}
 

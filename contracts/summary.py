@@ -30,6 +30,7 @@ from vigil_gpu_monitor.contracts.codec import (
     parse_json,
 )
 from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.jobclock import validate_clocks
 from vigil_gpu_monitor.contracts.messages import NodeHealth, NodeRows, Summary, SummaryEvent
 from vigil_gpu_monitor.contracts.names import job_problem, node_problem
 from vigil_gpu_monitor.contracts.shards import MAX_SHARDS
@@ -40,6 +41,7 @@ MAX_BIN = 2 ** 53
 _FIELDS = {"schema", "job", "shard", "shards", "bin", "next_bin", "part", "parts", "bin_seconds",
            "max_ts", "next_data_bin", "late", "declared", "gpu_metrics", "nic_metrics",
            "nodes", "health", "events"}
+_OPTIONAL = {"clocks"}  # each node's clock (issue #46's job-clock feedback)
 _ROW_FIELDS = {"gpus", "gpu_means", "nics", "nic_means"}
 _HEALTH_FIELDS = {"last", "cadence", "unplaced", "gpus"}
 _EVENT_FIELDS = {"ts", "kind", "node", "gpu", "severity", "metrics", "score", "summary",
@@ -157,8 +159,8 @@ def validate_summary(message: Any) -> Summary:
     if msg.get("schema") != SUMMARY_SCHEMA:
         raise ContractError("unknown_schema",
                             f"schema {msg.get('schema')!r}, expected {SUMMARY_SCHEMA!r}")
-    if set(msg) != _FIELDS:
-        extra, missing = set(msg) - _FIELDS, _FIELDS - set(msg)
+    if not _FIELDS <= set(msg) <= _FIELDS | _OPTIONAL:
+        extra, missing = set(msg) - _FIELDS - _OPTIONAL, _FIELDS - set(msg)
         raise ContractError("unknown_field" if extra else "missing_field",
                             f"unexpected {sorted(extra)}, missing {sorted(missing)}")
     if not isinstance(msg["job"], str) or not msg["job"] or job_problem(msg["job"]):
@@ -186,7 +188,9 @@ def validate_summary(message: Any) -> Summary:
         raise _bad("gpu_metrics/nic_metrics", f"name unknown metrics {sorted(unknown)}")
     nodes = _obj(msg["nodes"], "nodes")
     health = _obj(msg["health"], "health")
-    for node in (*nodes, *health):
+    clocks = msg.get("clocks", {})
+    validate_clocks(clocks, NODES_PER_PART)
+    for node in (*nodes, *health, *clocks):
         if node_problem(node):
             raise ContractError("bad_name", f"node {node[:80]!r} is not a host name")
     if len(nodes) > NODES_PER_PART or len(health) > NODES_PER_PART:
@@ -222,7 +226,8 @@ def encode_summary(summary: Summary) -> bytes:
 def split_parts(summary: Summary) -> Iterator[Summary]:
     """The summary as parts of at most ``NODES_PER_PART`` nodes each (rows and health
     of a node travel in one part; events in the first)."""
-    names = sorted(set(summary["nodes"]) | set(summary["health"]))
+    clocks = summary.get("clocks")
+    names = sorted(set(summary["nodes"]) | set(summary["health"]) | set(clocks or ()))
     chunks = [names[i:i + NODES_PER_PART] for i in range(0, len(names), NODES_PER_PART)]
     chunks = chunks or [[]]
     for k, chunk in enumerate(chunks):
@@ -232,6 +237,8 @@ def split_parts(summary: Summary) -> Iterator[Summary]:
                          "health": {n: summary["health"][n] for n in chunk
                                     if n in summary["health"]},
                          "events": summary["events"] if k == 0 else []}
+        if clocks is not None:
+            part["clocks"] = {n: clocks[n] for n in chunk if n in clocks}
         yield part
 
 

@@ -82,7 +82,7 @@ class ClockOffsets:
                 or self._since_vote >= len(self.latest):
             self._vote()
         count = self.seen[node] = self.seen.get(node, 0) + 1
-        voters = len(self.latest)
+        voters = self._voters()
         if voters >= MIN_VOTERS and newest and self.clock is not None:
             gap = ts - self.clock
             k = self.estimates[node] = self.estimates.get(node, 0) + 1
@@ -99,7 +99,7 @@ class ClockOffsets:
         or the job has too few nodes to correct any and the node is established. A
         node's first samples, before a majority has voted, are not: how far off its
         clock is is not known yet."""
-        return node in self.offset or (established and len(self.latest) < MIN_VOTERS)
+        return node in self.offset or (established and self._voters() < MIN_VOTERS)
 
     def alive_at(self, node: str, raw_ts: float) -> float:
         """When a sample stamped ``raw_ts`` by ``node`` was taken, on the job's clock,
@@ -107,6 +107,11 @@ class ClockOffsets:
         silence is judged on. The step that switches a drifting node's correction on
         moves its placed samples back by a second at once, which would read as a gap."""
         return raw_ts - self._relative(node)
+
+    def _voters(self) -> int:
+        """How many nodes vote on the job's clock (a stage-1 shard fed the job's
+        clock counts the job's, ``detectors/jobclock.py``)."""
+        return len(self.latest)
 
     def _relative(self, node: str) -> float:
         """The node's offset from the job's median offset (0 while it has none)."""

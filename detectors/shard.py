@@ -16,7 +16,9 @@ offset is against the median clock of all the job's nodes) and the job's waterma
 (which bins are closed, which samples late). Stage 2 owns them and feeds them back:
 here, in one process, by sharing the clock and handing the watermark to a shard
 before each sample (``follow``), so the shards decide what one stage decides;
-across Kafka, by the job-clock message a round trip later.
+across Kafka, by the job-clock message a round trip later (``vigil.jobclock/1``:
+``JobStage2.jobclock_due`` writes it, ``ShardEngine.take_jobclock`` reads it,
+``detectors/jobclock.py``).
 
 What differs from one stage, by design: a health finding that fires on a sample
 carries ``evidence.job_nodes`` as stage 2 last counted the job's nodes (at the last
@@ -37,6 +39,7 @@ from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.contracts.errors import ContractError
 from vigil_gpu_monitor.contracts.messages import (
     Detection,
+    JobClock,
     NodeHealth,
     NodeRows,
     Sample,
@@ -49,6 +52,7 @@ from vigil_gpu_monitor.detectors.clocks import ClockOffsets
 from vigil_gpu_monitor.detectors.engine import JobEngine, NodeMoves
 from vigil_gpu_monitor.detectors.findings import Finding
 from vigil_gpu_monitor.detectors.health import HealthMonitor
+from vigil_gpu_monitor.detectors.jobclock import FedClockOffsets, JobClockKeeper, node_clocks
 from vigil_gpu_monitor.detectors.window import Entity, SealedSection
 
 Deliver = Callable[[Summary], Summary]  # a summary as stage 2 receives it
@@ -96,11 +100,28 @@ class ShardEngine:
         self.job = job if shards <= 1 else f"{job}{SHARD_SEPARATOR}{shard}/{shards}"
         self.shard, self.shards = shard, shards
         self.engine = JobEngine(job, cfg, state)
+        self.engine.clocks = FedClockOffsets((state or {}).get("clocks"))
         self.cfg = cfg
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state (the engine's: window, held, health, clocks, watermark)."""
         return self.engine.to_state()
+
+    def take_jobclock(self, message: JobClock, watermark: bool = False) -> None:
+        """The job's clock from stage 2 (``vigil.jobclock/1``): samples are placed with
+        it from the next vote on. With ``watermark``, the job's watermark too: bins it
+        closed are sealed by the next ``seal_closed``, what comes for them is late. Only
+        for a shard that has gone quiet (its nodes all silent, nothing else would seal
+        its bins): a shard behind, a restarted worker with a backlog, must not take a
+        watermark its own samples have not reached, or its backlog would all be late."""
+        clocks = self.engine.clocks
+        if message["shards"] != self.shards:
+            return
+        if isinstance(clocks, FedClockOffsets):
+            clocks.take(message["clock"], message["reference"], message["voters"],
+                        message["at"], message["bin"])
+        if watermark:
+            self.follow(message["max_ts"], message["next_bin"])
 
     def follow(self, max_ts: float | None, next_bin: int | None) -> None:
         """The job's watermark, fed back by stage 2: samples of bins the job has
@@ -126,6 +147,8 @@ class ShardEngine:
         e = self.engine
         e.window.seal(b)
         e.health.forget_stale((b + 1) * self.cfg.bin_seconds)
+        if self.shards > 1 and isinstance(e.clocks, FedClockOffsets):
+            e.clocks.remember(b, e.max_ts)
         summary = self._summary(b, [], health=True)
         e.window.drop_before(b)  # the summary has it; the last bin shares device lists
         return summary
@@ -161,7 +184,7 @@ class ShardEngine:
                     "gpu_means": _b64(sealed["g"].means, mine["gi"]),
                     "nic_means": _b64(sealed["n"].means, mine["ni"])}
         following = e.window.first_bin_from(b + 1) if b is not None else None
-        return {"schema": SUMMARY_SCHEMA, "job": e.job, "shard": self.shard,
+        summary: Summary = {"schema": SUMMARY_SCHEMA, "job": e.job, "shard": self.shard,
                 "shards": self.shards, "bin": b, "next_bin": e.next_bin, "part": 0, "parts": 1,
                 "bin_seconds": self.cfg.bin_seconds, "max_ts": e.max_ts,
                 "next_data_bin": following, "late": e.late,
@@ -170,6 +193,9 @@ class ShardEngine:
                 "nic_metrics": list(e.window.nic_metrics),
                 "nodes": nodes, "health": node_health(e.health) if health else {},
                 "events": events}
+        if health and isinstance(e.clocks, FedClockOffsets):
+            summary["clocks"] = node_clocks(e.clocks)
+        return summary
 
 
 def _b64(means: np.ndarray[Any, Any], rows: list[int]) -> str:
@@ -206,6 +232,9 @@ class JobStage2:
             "health_at", {})
         # [the bin before whose evaluation it applies (null: at once), event]
         self.events: list[list[Any]] = state.get("events", [])
+        self.clock = JobClockKeeper(shards, state.get("clock"))
+        # [next bin, watermark's bin] of the last job clock sent (None: none yet)
+        self.clock_sent: list[int | None] | None = state.get("clock_sent")
         self._devices: dict[str, list[Entity]] = {}
 
     def to_state(self) -> dict[str, Any]:
@@ -215,7 +244,22 @@ class JobStage2:
                 "parts_seen": self.parts_seen, "newest": self.newest,
                 "node_state": self.node_state,
                 "owner": self.owner, "late": self.late, "done": self.done,
-                "health_at": self.health_at, "events": self.events}
+                "health_at": self.health_at, "events": self.events,
+                "clock": self.clock.to_state(), "clock_sent": self.clock_sent}
+
+    def jobclock_due(self) -> JobClock | None:
+        """The job's clock and watermark for its stage-1 shards (``vigil.jobclock/1``),
+        when a bin was evaluated or the watermark moved a bin since the last one sent;
+        None otherwise, and always for a job of one shard (its shard has the whole job)."""
+        if self.shards <= 1:
+            return None
+        e = self.engine
+        max_ts = max(self.newest.values(), default=None)
+        now = [e.next_bin, None if max_ts is None else e.window.bin_of(max_ts)]
+        if now == self.clock_sent or (max_ts is None and e.next_bin is None):
+            return None
+        self.clock_sent = now
+        return self.clock.message(self.job, self.cfg.bin_seconds, e.next_bin, max_ts)
 
     def receive(self, summary: Summary) -> list[Detection]:
         """Take one validated summary part in: its events go through the incident
@@ -255,6 +299,9 @@ class JobStage2:
         if summary["part"] in seen:
             return out
         seen.append(summary["part"])
+        clocks = summary.get("clocks")
+        if clocks is not None:
+            self.clock.take(shard, b, clocks, summary["max_ts"])
         self.bins.setdefault(b, {}).setdefault(shard, {}).update(summary["nodes"])
         self.health_at.setdefault(str(b), {}).setdefault(str(shard), {}).update(
             summary["health"])
@@ -336,6 +383,7 @@ class JobStage2:
             for shard, fresh in self.health_at.pop(at).items():
                 self._take_health(int(shard), fresh)
         self._assemble(b)
+        self.clock.settle(b)
         h = e.health
         h.gpus = {f"{node}/{gpu}": g for node, st in self.node_state.items()
                   for gpu, g in st["gpus"].items()}

@@ -14,6 +14,14 @@ shard's state to its changelogged table every ``worker.checkpoint_steps`` bins, 
 commits never past a sample some checkpoint lacks. After a crash a shard resumes
 from its checkpoint and sends the summaries since again, the same ones (its state is
 a function of its samples): stage 2 ignores a part it already has.
+
+The job's clock and watermark come back from stage 2 (``vigil.jobclock/1``,
+``streams/jobclock.py``): each shard takes its job's newest clock before a batch of
+its samples, and a timer (``seal_by_jobclock``) seals what the job's watermark
+closed in shards that have had no sample for ``grace_seconds`` (their nodes all fell
+silent; stage 2 waits for every shard, so they would stall the job). Only a quiet
+shard takes the job's watermark: one behind, a restarted worker with a backlog, would
+otherwise drop its backlog as late.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from vigil_gpu_monitor.contracts.status import worker_status
 from vigil_gpu_monitor.contracts.summary import encode_summary, split_parts
 from vigil_gpu_monitor.detectors.shard import ShardEngine
 from vigil_gpu_monitor.streams.align import Held, JobAligner
+from vigil_gpu_monitor.streams.jobclock import JobClockFeed
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import SOURCE_OFFSETS, BatchProcessor, Item, Message
 from vigil_gpu_monitor.streams.state_codec import decode_state
@@ -52,6 +61,7 @@ class Stage1Processor(BatchProcessor):
         self.summary_outlets = outlets
         self.shards_of: dict[str, tuple[str, int, int]] = {}  # key → (job, shard, shards)
         self.summaries_sent = 0
+        self.jobclocks = JobClockFeed()  # each job's newest clock from stage 2
 
     def route(self, sample: Sample, msg: Message) -> str:
         """The shard's key, ``job#k/K`` as the agent keyed it (``job`` alone: one
@@ -97,6 +107,7 @@ class Stage1Processor(BatchProcessor):
         shard: ShardEngine = engine
         folded = self.folded[job]
         late_before = shard.engine.late
+        self._take_jobclock(shard)
         out: list[Summary] = []
         bins = 0
         for _, held in released:  # each sample, then the bins it closes (samples only)
@@ -107,6 +118,39 @@ class Stage1Processor(BatchProcessor):
             folded[(False, held.tp[1])] = held.offset + 1
             self.unsaved[held.tp].setdefault(job, held.offset)
         self.metrics.late.inc(shard.engine.late - late_before)
+        await self._send(shard, out, bins)
+
+    def _take_jobclock(self, shard: ShardEngine, watermark: bool = False) -> bool:
+        """Hand the shard its job's newest clock (and watermark), if one was heard."""
+        clock = self.jobclocks.get(shard.engine.job) if shard.shards > 1 else None
+        if clock is None:
+            return False
+        shard.take_jobclock(clock, watermark)
+        return True
+
+    async def seal_by_jobclock(self, now: float | None = None) -> int:
+        """Seal, in every live shard quiet for ``grace_seconds``, the bins its job's
+        watermark closed, and send their summaries: a shard whose nodes all fell
+        silent has no sample to seal by, and would stall its job (stage 2 waits for
+        every shard). Called every second by the worker; returns the bins sealed."""
+        now = time.monotonic() if now is None else now
+        quiet = self.cfg.detect.grace_seconds
+        sealed = 0
+        async with self._lock:
+            for key, engine in list(self.live.items()):
+                shard: Any = engine
+                if (key == self.in_batch or now - self.last_batch.get(key, now) < quiet
+                        or not self._take_jobclock(shard, watermark=True)):
+                    continue
+                out = shard.seal_closed()
+                if out:
+                    sealed += len(out)
+                    await self._send(shard, out, len(out))
+        return sealed
+
+    async def _send(self, shard: ShardEngine, out: list[Summary], bins: int) -> None:
+        """Send a shard's summaries, in parts, then checkpoint it when due."""
+        job = shard.job
         key = shard.engine.job.encode()
         for summary in out:
             for part in split_parts(summary):

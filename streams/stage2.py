@@ -12,18 +12,23 @@ The bookkeeping is the one-stage worker's (``streams.processor.BatchProcessor``)
 offset guard on the summaries topic, checkpoints of each job's stage 2 to its
 changelogged table after it publishes (and every ``worker.checkpoint_steps`` bins),
 commits never past a summary some checkpoint lacks.
+
+After a batch, each job's clock and watermark go back to its stage-1 shards when a
+bin was evaluated or the watermark moved a bin (``vigil.jobclock/1`` on the compacted
+``vigil.jobclock``, keyed by job; ``JobStage2.jobclock_due``).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.errors import ContractError
+from vigil_gpu_monitor.contracts.jobclock import encode_jobclock
 from vigil_gpu_monitor.contracts.messages import Detection, JobStatus, Summary, WorkerStatus
 from vigil_gpu_monitor.contracts.status import HEAT_METRICS, job_status, worker_status
 from vigil_gpu_monitor.contracts.summary import decode_summary
@@ -44,8 +49,12 @@ class Stage2Processor(BatchProcessor):
     """One stage-2 worker's live jobs and the one-stage worker's bookkeeping."""
 
     def __init__(self, cfg: Config, metrics: WorkerMetrics, outlets: Outlets,
-                 checkpoints: MutableMapping[bytes, Any], worker_id: str) -> None:
+                 checkpoints: MutableMapping[bytes, Any], worker_id: str,
+                 send_jobclock: Callable[[bytes, bytes], Awaitable[None]] | None = None
+                 ) -> None:
         super().__init__(cfg, metrics, outlets, checkpoints, worker_id)
+        self.send_jobclock = send_jobclock  # (key, value) to vigil.jobclock; None: not fed back
+        self.jobclocks_sent = 0
         self.shards_of: dict[str, int] = {}
         self.summaries_topic = topics.topic(topics.SUMMARIES, cfg.kafka.topic_prefix)
 
@@ -118,6 +127,10 @@ class Stage2Processor(BatchProcessor):
             found.extend(stage.evaluate_ready())
             folded[(False, partition)] = offset + 1
             self.unsaved[(self.summaries_topic, partition)].setdefault(job, offset)
+        clock = stage.jobclock_due()
+        if clock is not None and self.send_jobclock is not None:
+            await self.send_jobclock(job.encode(), encode_jobclock(clock))
+            self.jobclocks_sent += 1
         await self.send_and_checkpoint(job, stage, found, (stage.engine.next_bin or 0)
                                        - (step_before or 0), newest_append)
 

@@ -7,16 +7,20 @@ input topic, changelogged table of checkpoints (memory store, rebuilt from the
 compacted changelog at start), revocation order, quiet checkpoints, lag and status
 timers. Each stage has its own app id (``worker.app_id`` + ``-stage1``/``-stage2``):
 its own consumer group and tables, so the stages scale apart (stage 1 up to the
-samples partitions, stage 2 up to the summaries partitions).
+samples partitions, stage 2 up to the summaries partitions). Stage 2 sends each job's
+clock back on ``vigil.jobclock``; every stage-1 worker reads that topic whole
+(``streams/jobclock.py``) and seals what a job's watermark closed every second.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any
 
 import faust
+from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.config import Config
@@ -24,12 +28,17 @@ from vigil_gpu_monitor.streams.app import (
     CHANGELOG_MAX_BYTES,
     _FaustOutlets,
     faust_app,
+    kafka_credentials,
     wire_processor,
 )
+from vigil_gpu_monitor.streams.jobclock import read_jobclocks
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import BatchProcessor
 from vigil_gpu_monitor.streams.stage1 import Stage1Processor
 from vigil_gpu_monitor.streams.stage2 import Stage2Processor
+
+log = logging.getLogger(__name__)
+JOBCLOCK_SEAL_SECONDS = 1.0  # how often stage 1 seals what the jobs' watermarks closed
 
 
 class _Stage1Outlets:
@@ -80,14 +89,36 @@ def build_stage_app(cfg: Config, stage: int, metrics: WorkerMetrics | None = Non
         summaries = app.topic(topics.topic(topics.SUMMARIES, prefix), key_serializer="raw",
                               value_serializer="raw",
                               partitions=cfg.kafka.summaries_partitions)
-        processor = Stage1Processor(cfg, metrics, _Stage1Outlets(summaries, deadletter),
-                                    table, worker_id)
+        stage1 = Stage1Processor(cfg, metrics, _Stage1Outlets(summaries, deadletter),
+                                 table, worker_id)
+        processor = stage1
+        jobclock_name = topics.topic(topics.JOBCLOCK, prefix)
+
+        @app.task
+        async def read_jobclock() -> None:
+            """Every job's clock from stage 2, the whole topic (no consumer group)."""
+            auth = dict(credentials_to_aiokafka_auth(kafka_credentials(cfg)))
+            await read_jobclocks(stage1.jobclocks, jobclock_name, cfg.kafka_bootstrap, auth)
+
+        @app.timer(interval=JOBCLOCK_SEAL_SECONDS)
+        async def seal_by_jobclock() -> None:
+            try:
+                await stage1.seal_by_jobclock()
+            except Exception:  # an exception in a Faust timer ends the worker: count, log
+                metrics.errors.inc()
+                log.exception("stage 1: sealing by the jobs' clocks failed")
     else:
         detections = app.topic(topics.topic(topics.DETECTIONS, prefix), key_serializer="raw",
                                value_serializer="raw",
                                partitions=cfg.kafka.detections_partitions)
+        jobclock = app.topic(topics.topic(topics.JOBCLOCK, prefix), key_serializer="raw",
+                             value_serializer="raw", partitions=cfg.kafka.summaries_partitions)
+
+        async def send_jobclock(key: bytes, value: bytes) -> None:
+            await jobclock.send(key=key, value=value)
+
         processor = Stage2Processor(cfg, metrics, _FaustOutlets(detections, deadletter),
-                                    table, worker_id)
+                                    table, worker_id, send_jobclock)
     wire_processor(app, cfg, metrics, processor, source, (inbound_name,), status,
                    f"stage {stage}: ")
     return app

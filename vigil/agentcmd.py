@@ -24,6 +24,7 @@ from vigil_gpu_monitor.contracts.names import node_problem
 from vigil_gpu_monitor.contracts.steps import encode_steps
 from vigil_gpu_monitor.producers.agent import Agent
 from vigil_gpu_monitor.producers.attribution import SlurmJob, StaticJob
+from vigil_gpu_monitor.producers.jobsize import JobShards, SlurmJobNodes, fixed_nodes
 from vigil_gpu_monitor.producers.metrics import agent_registry
 from vigil_gpu_monitor.producers.reading import Source
 from vigil_gpu_monitor.producers.sampler import AdaptiveSampler, SamplingConfig
@@ -169,6 +170,18 @@ def build_attribution(cfg: Config, job: str | None = None) -> Callable[[], str]:
     return StaticJob(job if job is not None else a.job)
 
 
+def build_shards(cfg: Config) -> JobShards:
+    """job → the shard count its samples are keyed over (docs/sharding.md): from the
+    job's node count where the scheduler says it (Slurm: the job's environment) or
+    ``agent.job_nodes`` says it; unknown: one shard, keyed by job."""
+    a = cfg.agent
+    if a.job_nodes < 0:
+        raise ConfigError(f"agent.job_nodes {a.job_nodes}: a node count, or 0 for unknown")
+    nodes_of = (fixed_nodes(a.job_nodes) if a.job_nodes or a.attribution != "slurm"
+                else SlurmJobNodes(a.cgroup_root, a.proc_root))
+    return JobShards(nodes_of, cfg.detect.shard_nodes)
+
+
 def sampling_config(cfg: Config) -> SamplingConfig:
     """The agent section's adaptive-sampling settings, refused with the key at fault."""
     a = cfg.agent
@@ -213,7 +226,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         sink = BufferedPublisher(cfg.kafka_bootstrap,
                                  topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
                                  capacity=a.buffer_capacity, spool=spool, signer=signer,
-                                 **cfg.kafka_client)
+                                 shards=build_shards(cfg), **cfg.kafka_client)
     agent = Agent(node, sources, sink, sampler, job_of, gpu_sources=GPU_SOURCES)
     if a.metrics_port:
         _serve_metrics(cfg, agent, sink)

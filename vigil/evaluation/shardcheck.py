@@ -18,7 +18,8 @@ from typing import Any
 
 from vigil_gpu_monitor.contracts import STEP_SCHEMA
 from vigil_gpu_monitor.contracts.config import DetectConfig
-from vigil_gpu_monitor.contracts.messages import Detection, Summary
+from vigil_gpu_monitor.contracts.jobclock import decode_jobclock, encode_jobclock
+from vigil_gpu_monitor.contracts.messages import Detection, JobClock, Summary
 from vigil_gpu_monitor.contracts.shards import shard_of
 from vigil_gpu_monitor.contracts.summary import decode_summary, encode_summary, split_parts
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
@@ -42,6 +43,8 @@ def over_the_wire(summary: Summary) -> Summary:
     for p in parts:
         whole["nodes"].update(p["nodes"])
         whole["health"].update(p["health"])
+        if "clocks" in p:
+            whole.setdefault("clocks", {}).update(p["clocks"])
     return whole
 
 
@@ -70,12 +73,20 @@ class KafkaModeRunner:
     """The shards as over Kafka: each on its own clock and watermark
     (``ShardEngine.seal_closed``), stage 2 evaluating a bin once every shard summarised
     it (``JobStage2.evaluate_ready``), and shard 0's summaries held back by ``lag``
-    samples (another partition, another worker, behind). Step batches are not
-    handled (none of the traces compared here has them)."""
+    samples (another partition, another worker, behind). With ``feedback`` (a count
+    of samples), stage 2's ``vigil.jobclock/1`` reaches every shard of the job that
+    many samples after stage 2 wrote it (the topic's round trip), through the
+    contract's encoder and decoder; each shard then takes it and seals what the
+    job's watermark closed, as stage 1's timer does. Step batches are not handled
+    (none of the traces compared here has them)."""
 
     def __init__(self, cfg: DetectConfig, shards: int, lag: int = 200,
-                 nodes: dict[str, set[str]] | None = None) -> None:
-        self.cfg, self.k, self.lag = cfg, shards, lag
+                 nodes: dict[str, set[str]] | None = None,
+                 feedback: int | None = None) -> None:
+        self.cfg, self.k, self.lag, self.feedback = cfg, shards, lag, feedback
+        self.pending: list[tuple[int, JobClock]] = []  # (due at sample count, job clock)
+        self.heard: dict[tuple[str, int], int] = {}  # shard → sample count at its last sample
+        self.fed_at: dict[tuple[str, int], int] = {}  # shard → count at its last job clock
         # a job whose nodes leave a shard empty is one shard (a real job of K shards
         # has K x shard_nodes nodes; this bench forces K on small jobs)
         self.k_of = {job: shards if len({shard_of(n, shards) for n in names}) == shards
@@ -88,7 +99,36 @@ class KafkaModeRunner:
 
     def _deliver(self, summary: Summary) -> list[Detection]:
         stage = self.stage2[summary["job"]]
-        return stage.receive(over_the_wire(summary)) + stage.evaluate_ready()
+        out = stage.receive(over_the_wire(summary)) + stage.evaluate_ready()
+        clock = stage.jobclock_due()
+        if clock is not None and self.feedback is not None:
+            self.pending.append((self.count + self.feedback,
+                                 decode_jobclock(encode_jobclock(clock))))
+        return out
+
+    def _route(self, k: int, count: int, summaries: list[Summary]) -> list[Detection]:
+        out: list[Detection] = []
+        for summary in summaries:
+            if k == 0 and count > 1:
+                self.held.append(summary)
+            else:
+                out.extend(self._deliver(summary))
+        return out
+
+    def _feed_back(self) -> list[Detection]:
+        """Every job clock due by now to every shard of its job."""
+        out: list[Detection] = []
+        while self.pending and self.pending[0][0] <= self.count:
+            _, clock = self.pending.pop(0)
+            for (job, k), shard in list(self.shards.items()):
+                if job != clock["job"]:
+                    continue
+                quiet = self.heard.get((job, k), 0) <= self.fed_at.get((job, k), -1)
+                shard.take_jobclock(clock, watermark=quiet)
+                self.fed_at[(job, k)] = self.count
+                if quiet:
+                    out.extend(self._route(k, shard.shards, shard.seal_closed()))
+        return out
 
     def feed(self, sample: Any) -> list[Detection]:
         """One sample through its shard; summaries to stage 2 (shard 0's late)."""
@@ -101,13 +141,10 @@ class KafkaModeRunner:
         if shard is None:
             shard = self.shards[key] = ShardEngine(sample["job"], k, count, self.cfg)
             self.stage2.setdefault(sample["job"], JobStage2(sample["job"], count, self.cfg))
-        out: list[Detection] = []
-        for summary in shard.ingest(sample) + shard.seal_closed():
-            if k == 0 and count > 1:
-                self.held.append(summary)
-            else:
-                out.extend(self._deliver(summary))
+        out = self._route(k, count, shard.ingest(sample) + shard.seal_closed())
         self.count += 1
+        self.heard[key] = self.count
+        out.extend(self._feed_back())
         if self.count % self.lag == 0:
             out.extend(self.flush())
         return out
@@ -140,11 +177,13 @@ def _run(runner: Any, lines: Iterable[Any]) -> list[Detection]:
 
 def compare(lines: Callable[[], Iterable[Any]], shard_counts: Iterable[int],
             cfg: DetectConfig | None = None, wire: bool = True,
-            evidence: bool = False, kafka_lag: int = 0) -> tuple[float, list[Outcome]]:
+            evidence: bool = False, kafka_lag: int = 0,
+            feedback: int | None = None) -> tuple[float, list[Outcome]]:
     """One stage against each shard count on the samples ``lines()`` yields (called
     once a run); the one-stage run's seconds and an ``Outcome`` per shard count.
     ``kafka_lag``: run the shards as over Kafka (``KafkaModeRunner``) instead, shard
-    0's summaries that many samples behind."""
+    0's summaries that many samples behind; ``feedback``: with the job-clock feedback,
+    each job clock that many samples on its way."""
     cfg = cfg or DetectConfig()
     t0 = time.perf_counter()
     one = ReplayRunner(cfg)
@@ -160,7 +199,7 @@ def compare(lines: Callable[[], Iterable[Any]], shard_counts: Iterable[int],
             for line in lines():
                 if line.get("schema") != STEP_SCHEMA and line["job"]:
                     nodes.setdefault(line["job"], set()).add(line["node"])
-        runner: Any = (KafkaModeRunner(cfg, k, kafka_lag, nodes) if kafka_lag
+        runner: Any = (KafkaModeRunner(cfg, k, kafka_lag, nodes, feedback) if kafka_lag
                        else ShardedReplayRunner(cfg, k, over_the_wire if wire else None))
         got = [detection_key(d, evidence) for d in _run(runner, lines())]
         a, b = sorted(keys), sorted(got)

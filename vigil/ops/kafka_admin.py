@@ -66,7 +66,8 @@ def _broker_default_replication(admin: KafkaAdminClient) -> int:
 
 
 def ensure_topics(cfg: Config, attempts: int = ATTEMPTS) -> Replication:
-    """Create samples, detections, dead-letter, alerts, actions and status topics if
+    """Create samples, detections, dead-letter, alerts, actions, status, summaries and
+    job-clock topics if
     absent; refuse under-replicated existing ones. Returns the replication used (the
     worker gives the same to Faust for its changelog topics).
 
@@ -97,6 +98,8 @@ def _ensure_topics(cfg: Config) -> Replication:
         topics.ACTIONS: 1,
         topics.STATUS: 1,
         topics.SUMMARIES: cfg.kafka.summaries_partitions,
+        # every stage-1 worker reads all of it; one message a job a bin
+        topics.JOBCLOCK: cfg.kafka.summaries_partitions,
     }
     admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id="vigil-admin",
                              **cfg.kafka_client)
@@ -110,7 +113,12 @@ def _ensure_topics(cfg: Config) -> Replication:
             # a dead letter carries the refused message (up to 1 MiB, base64) and its reason
             topics.DEADLETTER: {"max.message.bytes": str(4 << 20)},
             # stage 2 reads each summary within seconds; a day covers any outage
-            topics.SUMMARIES: {"retention.ms": str(24 * 3600 * 1000)}}
+            topics.SUMMARIES: {"retention.ms": str(24 * 3600 * 1000)},
+            # the newest job clock per job is all a stage-1 worker reads at start: a
+            # job's old ones are compacted away, a finished job's deleted after a day
+            topics.JOBCLOCK: {"cleanup.policy": "compact,delete",
+                              "retention.ms": str(24 * 3600 * 1000),
+                              "segment.ms": str(3600 * 1000)}}
         new = {names[name]: {"num_partitions": parts, "replication_factor": rep.factor,
                              "configs": {**configs.get(name, {}),
                                          "min.insync.replicas": str(rep.min_insync)}}

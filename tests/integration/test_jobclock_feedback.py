@@ -1,0 +1,87 @@
+"""The job-clock feedback over the real Kafka (issue #46, docs/sharding.md): a
+4-node job in 4 shards, one node a shard, skewed clocks; one node falls silent, so
+its shard gets no sample any more. Without the feedback stage 2 waits for that shard
+for ever; with it, stage 2 sends ``vigil.jobclock/1`` on the compacted topic, every
+stage-1 worker reads it, and the quiet shard's timer seals its bins by the job's
+watermark: the silent node is found at the bin one stage finds it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaProducer
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+from tests.integration.kafka_helpers import VIGIL, read_topic
+from vigil_gpu_monitor.contracts import topics
+from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.jobclock import decode_jobclock
+from vigil_gpu_monitor.contracts.shards import shard_key, shard_of
+from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
+
+pytestmark = pytest.mark.integration
+START = 1_893_200_000.0
+SHARDS = 4
+NODES = ["a-0", "a-1", "a-4", "a-5"]  # crc32 mod 4: one node a shard
+
+
+def _stage(env: dict[str, str], stage: int, log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([*VIGIL, "worker", "--stage", str(stage)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def _found(detections: list[dict[str, Any]]) -> set[tuple[str, str, float]]:
+    return {(d["kind"], d["node"], d["detected_at"]) for d in detections
+            if d["state"] == "firing"}
+
+
+def test_a_silent_shard_is_sealed_by_the_fed_back_watermark_over_kafka(
+        isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path) -> None:
+    assert len({shard_of(n, SHARDS) for n in NODES}) == SHARDS
+    cluster = Cluster([JobSpec("fed", NODES)], [Fault("node_silent", "fed", NODES[0], None,
+                                                      START + 40)], skew_seconds=1.0)
+    samples = list(Simulator(cluster, START, seed=3).samples(100))
+    replay = ReplayRunner(isolated_cfg.detect)
+    expected = _found([dict(d) for s in samples for d in replay.feed(s)])
+    assert expected == {("node_silent", NODES[0], START + 50)}, expected
+
+    ensure_topics(isolated_cfg)
+    producer = KafkaProducer(bootstrap_servers=isolated_cfg.kafka_bootstrap, acks="all")
+    name = topics.topic(topics.SAMPLES, isolated_cfg.kafka.topic_prefix)
+    for s in samples:
+        producer.send(name, key=shard_key("fed", s["node"], SHARDS).encode(),
+                      value=encode_sample(s))
+    producer.flush()
+    producer.close()
+    procs = [_stage(isolated_env, 1, tmp_path / "stage1.log"),
+             _stage(isolated_env, 2, tmp_path / "stage2.log")]
+    try:
+        values = read_topic(isolated_cfg, topics.DETECTIONS,
+                            lambda v: _found([dict(decode_detection(x)) for x in v]) >= expected,
+                            120, procs[1])
+        clocks = read_topic(isolated_cfg, topics.JOBCLOCK, lambda v: len(v) >= 1, 30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+    log = "\n".join(p.read_text()[-2000:] for p in sorted(tmp_path.glob("stage*.log")))
+    assert _found([dict(decode_detection(v)) for v in values]) == expected, log
+    last = decode_jobclock(clocks[-1])
+    assert last["job"] == "fed" and last["shards"] == SHARDS and last["voters"] == len(NODES)
+    admin = KafkaAdminClient(bootstrap_servers=isolated_cfg.kafka_bootstrap)
+    try:
+        jobclock = topics.topic(topics.JOBCLOCK, isolated_cfg.kafka.topic_prefix)
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, jobclock)])
+        assert "compact" in str(described)
+    finally:
+        admin.close()

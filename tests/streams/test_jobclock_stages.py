@@ -1,0 +1,143 @@
+"""The job-clock feedback between the two stages' processors, without Kafka: stage 2
+sends ``vigil.jobclock/1`` as it evaluates, stage 1 keeps each job's newest, and its
+timer seals a silent shard's bins by the job's watermark, so stage 2 goes on and
+finds the silent node (issue #46)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
+from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.jobclock import encode_jobclock
+from vigil_gpu_monitor.contracts.shards import shard_key, shard_of
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
+from vigil_gpu_monitor.streams.jobclock import JobClockFeed
+from vigil_gpu_monitor.streams.metrics import WorkerMetrics
+from vigil_gpu_monitor.streams.stage1 import Stage1Processor
+from vigil_gpu_monitor.streams.stage2 import Stage2Processor
+
+START = 1_898_100_000.0
+NAMES = ["a-0", "a-1", "a-4", "a-5"]  # one node a shard at 4 shards
+SHARDS = 4
+
+
+@dataclass
+class _Message:
+    key: bytes | None
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float | None
+    headers: Any = ()
+
+
+@dataclass
+class _Delivered:
+    value: bytes
+    message: _Message
+
+
+class _Store(MutableMapping[bytes, Any]):
+    """A checkpoint table, and the outlets of both stages."""
+
+    def __init__(self) -> None:
+        self.store: dict[bytes, Any] = {}
+        self.summaries: list[bytes] = []
+        self.detections: list[dict[str, Any]] = []
+        self.deadletters: list[bytes] = []
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self.store[key]
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self.store[key] = value
+
+    def __delitem__(self, key: bytes) -> None:
+        del self.store[key]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.store)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    async def summary(self, key: bytes, value: bytes) -> None:
+        self.summaries.append(value)
+
+    async def detection(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> None:
+        self.detections.append(dict(decode_detection(value)))
+
+    async def deadletter(self, key: bytes | None, value: bytes) -> None:
+        self.deadletters.append(value)
+
+
+def test_a_silent_shard_is_sealed_by_the_jobs_watermark_and_its_node_found_silent() -> None:
+    assert len({shard_of(n, SHARDS) for n in NAMES}) == SHARDS
+    cluster = Cluster([JobSpec("fb", NAMES)], [Fault("node_silent", "fb", NAMES[0], None,
+                                                     START + 40)])
+    samples = list(Simulator(cluster, START, seed=2).samples(120))
+    cfg = Config()
+    one, two = _Store(), _Store()
+    stage1 = Stage1Processor(cfg, WorkerMetrics(), one, one, "s1")
+    clocks: list[bytes] = []
+
+    async def send_jobclock(key: bytes, value: bytes) -> None:
+        clocks.append(value)
+        stage1.jobclocks.take(value)  # every stage-1 worker reads the topic
+
+    stage2 = Stage2Processor(cfg, WorkerMetrics(), two, two, "s2", send_jobclock)
+    offset = {"samples": 0, "summaries": 0}
+
+    def deliver(topic: str, items: list[tuple[bytes, bytes]]) -> list[_Delivered]:
+        out = []
+        for key, value in items:
+            out.append(_Delivered(value, _Message(key, topic, 0, offset[topic], None)))
+            offset[topic] += 1
+        return out
+
+    async def run() -> None:
+        for i in range(0, len(samples), 20):
+            batch = [(shard_key("fb", s["node"], SHARDS).encode(), encode_sample(s))
+                     for s in samples[i:i + 20]]
+            await stage1.handle(deliver("samples", batch))
+            # the silent node's shard has no sample any more: only the timer seals it
+            await stage1.seal_by_jobclock(time.monotonic() + 60)
+            sent, one.summaries = one.summaries, []
+            await stage2.handle(deliver("summaries", [(b"fb", v) for v in sent]))
+
+    asyncio.run(run())
+    assert two.deadletters == [] and one.deadletters == []
+    assert clocks and stage2.jobclocks_sent == len(clocks)
+    last = json.loads(clocks[-1])
+    assert last["shards"] == SHARDS and last["voters"] >= 3
+    assert [(d["kind"], d["node"]) for d in two.detections if d["state"] == "firing"] == [
+        ("node_silent", NAMES[0])]
+    evaluated = stage2.live["fb"].engine.next_bin  # type: ignore[attr-defined]
+    assert evaluated * 5.0 > START + 100, "stage 2 must not stall on the silent shard"
+
+
+def _clock(next_bin: int | None, max_ts: float | None, shards: int = 2) -> bytes:
+    return encode_jobclock({"schema": "vigil.jobclock/1", "job": "j", "shards": shards,
+                            "bin_seconds": 5.0, "next_bin": next_bin, "max_ts": max_ts,
+                            "clock": 100.0, "reference": 0.5, "voters": 8,
+                            "at": 99.0, "bin": next_bin})
+
+
+def test_the_feed_keeps_each_jobs_newest_clock_and_counts_what_it_refuses() -> None:
+    feed = JobClockFeed()
+    assert feed.take(_clock(20, 105.0)) is not None
+    assert feed.take(_clock(19, 110.0)) is None  # behind the one held: compaction's order
+    assert feed.take(None) is None  # a tombstone
+    assert feed.take(b'{"schema": "vigil.jobclock/1"}') is None
+    assert feed.take(b"not json") is None
+    assert feed.refused == 2
+    held = feed.get("j")
+    assert held is not None and held["next_bin"] == 20
+    assert feed.take(_clock(3, 1.0, shards=4)) is not None  # the job's count changed
+    assert feed.get("missing") is None
