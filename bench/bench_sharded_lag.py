@@ -52,7 +52,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
 
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
@@ -66,7 +66,7 @@ from vigil_gpu_monitor.vigil.ops.kafka_admin import delete_topics_starting, ensu
 
 START = 1_860_000_000.0  # the generated trace's start (moved to now when published)
 JOB = "lag-job"
-WARMUP = 25.0  # seconds the workers get to join their groups before the first sample
+WARMUP = 120.0  # at most this long for the workers to join their groups
 
 
 def _cluster(nodes: int, seconds: float) -> Cluster:
@@ -94,6 +94,24 @@ def _trace(nodes: int, seconds: float) -> Path:
                 out.write(encode_sample(s) + b"\n")
         part.rename(path)
     return path
+
+
+def _wait_joined(cfg: Config, members: dict[str, int], timeout: float) -> float:
+    """Wait until each consumer group is stable with its number of members (the
+    workers have their partitions); returns the seconds waited."""
+    admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap)
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < timeout:
+            found = admin.describe_groups(list(members))
+            if all(str(found.get(g, {}).get("group_state")) == "Stable"
+                   and len(found.get(g, {}).get("members") or ()) == n
+                   for g, n in members.items()):
+                return time.monotonic() - t0
+            time.sleep(1.0)
+    finally:
+        admin.close()
+    raise RuntimeError(f"the workers did not join in {timeout:.0f} s: {members}")
 
 
 class _Watch:
@@ -183,7 +201,7 @@ def _replay(path: Path, cfg: Config) -> list[dict[str, Any]]:
     return out
 
 
-def _ident(d: dict[str, Any]) -> tuple[Any, ...]:
+def _ident(d: Any) -> tuple[Any, ...]:
     return (d["kind"], d.get("node"), d.get("gpu"), d["state"], round(float(d["detected_at"]), 3))
 
 
@@ -225,13 +243,15 @@ def run_once(base_env: dict[str, str], trace: Path, args: argparse.Namespace,
     watch = _Watch(ports[-1], args.poll)
     published = logs / "published.jsonl"
     try:
-        time.sleep(WARMUP)
+        joined = _wait_joined(cfg, {f"{cfg.worker.app_id}-stage1": workers,
+                                    f"{cfg.worker.app_id}-stage2": 1}, WARMUP)
+        time.sleep(3.0)  # the tables' recovery after the assignment
         watch.thread.start()
         bin_s = cfg.detect.bin_seconds
         begin = time.time() + 2.0
         shift = math.ceil((begin - START) / bin_s) * bin_s  # whole bins: the trace's bins
-        print(f"{workers} stage-1 worker(s): publishing {args.nodes} nodes for "
-              f"{args.seconds:.0f} s", flush=True)
+        print(f"{workers} stage-1 worker(s), joined in {joined:.0f} s: publishing "
+              f"{args.nodes} nodes for {args.seconds:.0f} s", flush=True)
         last_sample = _publish(cfg, trace, args.shards, shift, topics.topic(
             topics.SAMPLES, cfg.kafka.topic_prefix), published)
         time.sleep(args.drain)
