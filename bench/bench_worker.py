@@ -4,11 +4,13 @@
     .venv/bin/python bench/bench_worker.py [--nodes 256] [--seconds 80] [--workers 1]
     .venv/bin/python bench/bench_worker.py --live 1000 --seconds 90   # latency at load
 
-``--stage1`` runs each worker as a sharded job's stage 1 would work (docs/sharding.md):
-every engine ingests and seals its bins (checkpoints as the worker does) but no
-detector runs (``bench_shard_seam.seal_only`` in place of ``JobEngine.advance``): a
-what-if for stage 1's rate against the no-op Faust agent (``--floor``) in one run
-(the summaries it would publish, one message a shard and bin, are not sent).
+``--stage1`` runs the real ``vigil worker --stage 1`` (``streams/stage1.py``,
+docs/sharding.md) in place of the one-stage worker: the samples are keyed
+``job#k/K`` (``--shards K`` a job), each (job, shard) ingests and seals its bins and
+sends its ``vigil.summary/1`` messages to the summaries topic (counted at the end),
+checkpoints as the worker does; no detector runs (stage 2 is not started). With
+``--floor``, its rate is set against a no-op Faust agent on the same topic in the
+same run.
 
 ``--workers N`` runs N workers in one consumer group (they share the partitions) and
 reports their combined rate. ``--live R`` publishes R node-samples/s in real time
@@ -59,11 +61,6 @@ FAULT_AFTER = 90.0
 MIXED_SIZES = (2, 16, 4, 12, 6, 8, 3, 10, 14, 5, 8, 8)
 
 
-# a worker whose engines seal bins and run no detector (``--stage1``)
-_STAGE1 = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-           "import bench_shard_seam, vigil_gpu_monitor.detectors.engine as e; "
-           "e.JobEngine.advance = lambda self: bench_shard_seam.seal_only(self) and []; "
-           "from vigil_gpu_monitor.vigil.cli import main; raise SystemExit(main(['worker']))")
 
 
 def _publishing(args: argparse.Namespace) -> dict[str, Any]:
@@ -128,6 +125,21 @@ async def _group_outcome(bootstrap: str, prefix: str, group: str) -> tuple[int, 
     return committed, ends, jobs
 
 
+def _end_offsets(cfg: Any, name: str) -> int:
+    """Messages on a topic of this run (the sum of its partitions' log ends)."""
+    async def ends() -> int:
+        client = AIOKafkaConsumer(bootstrap_servers=cfg.kafka_bootstrap)
+        await client.start()
+        try:
+            topic = topics.topic(name, cfg.kafka.topic_prefix)
+            await client._client.force_metadata_update()
+            tps = [TopicPartition(topic, p) for p in client.partitions_for_topic(topic) or ()]
+            return sum((await client.end_offsets(tps)).values()) if tps else 0
+        finally:
+            await client.stop()
+    return asyncio.run(ends())
+
+
 def _samples(port: int) -> list[Any]:
     """Every sample on a worker's /metrics, read by prometheus_client's parser."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
@@ -174,7 +186,9 @@ def main() -> int:
                         help="pre-load one record a batch, as agents send them")
     parser.add_argument("--compression", choices=["gzip", "none"], default="gzip")
     parser.add_argument("--stage1", action="store_true",
-                        help="what-if: the workers seal bins but run no detector")
+                        help="run `vigil worker --stage 1` (summaries sent, no detector)")
+    parser.add_argument("--shards", type=int, default=2,
+                        help="with --stage1: stage-1 shards a job (samples keyed job#k/K)")
     parser.add_argument("--live", type=float, default=0.0,
                         help="publish this many node-samples/s in real time")
     args = parser.parse_args()
@@ -189,7 +203,9 @@ def main() -> int:
     if args.live:
         return _live(cfg, env, topic, ports[0], args)
     cluster = _cluster(args.nodes, args.mixed)
-    pub = KafkaPublisher(cfg.kafka_bootstrap, topic, **_publishing(args))
+    shards = args.shards if args.stage1 else 1
+    pub = KafkaPublisher(cfg.kafka_bootstrap, topic, shards=lambda job: shards,
+                         **_publishing(args))
     for sample in Simulator(cluster, START, seed=1).samples(args.seconds):
         pub.publish(sample)
     pub.close(timeout=600)  # one record a batch, uncompressed: minutes
@@ -208,7 +224,7 @@ def main() -> int:
     profiler = [] if not args.profile else [
         str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw",
         "--rate", "200", "--nonblocking", "-o"]
-    command = ["-m", "vigil_gpu_monitor", "worker"] if not args.stage1 else ["-c", _STAGE1]
+    command = ["-m", "vigil_gpu_monitor", "worker", *(["--stage", "1"] if args.stage1 else [])]
     workers = [subprocess.Popen([*profiler, *([f"{args.profile}/worker-{port}.txt", "--"]
                                               if profiler else []),
                                  sys.executable, *command],
@@ -250,7 +266,8 @@ def main() -> int:
             w.send_signal(signal.SIGINT if profiler else signal.SIGTERM)
         for w in workers:
             w.wait(timeout=60)
-    print(f"{args.workers} worker(s)" + (" as stage 1 (sealing, no detector)"
+    print(f"{args.workers} worker(s)" + (f" of stage 1 ({shards} shards a job; "
+                                         f"summaries sent: {_end_offsets(cfg, topics.SUMMARIES)})"
                                          if args.stage1 else ""))
     sizes = sorted({len(j.nodes) for j in cluster.jobs})
     print(f"{total} node-samples ({total * 8} GPU-samples), {len(cluster.jobs)} jobs of "
@@ -268,8 +285,9 @@ def main() -> int:
           "around a rebalance counts twice)")
     print("offsets not processed as delivered: "
           + ", ".join(f"{k} {v:.0f}" for k, v in offsets.items()))
+    group = f"{cfg.worker.app_id}-stage1" if args.stage1 else cfg.worker.app_id
     committed, ends, jobs = asyncio.run(_group_outcome(
-        cfg.kafka_bootstrap, cfg.kafka.topic_prefix, cfg.worker.app_id))
+        cfg.kafka_bootstrap, cfg.kafka.topic_prefix, group))
     print(f"group committed {committed} of {ends} samples offsets; jobs with a firing "
           f"detection on the topic: {len(jobs)} of {len(cluster.jobs)}")
     # the pre-loaded topic is ~0.6 GB a run at the defaults: runs add up on the broker

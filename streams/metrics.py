@@ -51,6 +51,11 @@ class WorkerMetrics:
             ["reason"], registry=r)
         self.errors = Counter("vigil_worker_batch_errors", "batches that raised", registry=r)
         self.jobs = Gauge("vigil_worker_jobs", "job windows this worker holds", registry=r)
+        self.evaluated = Gauge(
+            "vigil_worker_evaluated_until_seconds",
+            "event time up to which the last job this worker evaluated has its bins "
+            "evaluated and their detections sent (stage 2; for lag measurements)",
+            registry=r)
         self.lag = Gauge("vigil_worker_lag_messages", "samples not yet consumed",
                          ["partition"], registry=r)
         self.latency = Histogram(

@@ -30,12 +30,15 @@ import time
 from collections.abc import MutableMapping
 from typing import Any, Protocol
 
+import msgspec
+
+from vigil_gpu_monitor.contracts.codec import MAX_MESSAGE_BYTES
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.errors import ContractError
 from vigil_gpu_monitor.contracts.messages import JobStatus, Sample, Summary, WorkerStatus
 from vigil_gpu_monitor.contracts.shards import shard_key, shard_of, split_key
 from vigil_gpu_monitor.contracts.status import worker_status
-from vigil_gpu_monitor.contracts.summary import encode_summary, split_parts
+from vigil_gpu_monitor.contracts.summary import split_parts, validate_summary
 from vigil_gpu_monitor.detectors.shard import ShardEngine
 from vigil_gpu_monitor.streams.align import Held, JobAligner
 from vigil_gpu_monitor.streams.jobclock import JobClockFeed
@@ -154,7 +157,7 @@ class Stage1Processor(BatchProcessor):
         key = shard.engine.job.encode()
         for summary in out:
             for part in split_parts(summary):
-                await self.summary_outlets.summary(key, encode_summary(part))
+                await self.summary_outlets.summary(key, encode_summary_fast(part))
                 self.summaries_sent += 1
         due = self.since_checkpoint.get(job, 0) + bins
         if due >= self.cfg.worker.checkpoint_steps:  # after the sends, never before
@@ -167,6 +170,22 @@ class Stage1Processor(BatchProcessor):
         """Only the heartbeat: a shard's heat is stage 2's to show."""
         return [worker_status(self.worker_id, now, dict(lag), self.samples,
                               self.deadletters, len(self.live))]
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_summary_fast(part: Summary) -> bytes:
+    """``contracts.summary.encode_summary``, serialised by msgspec: validated first
+    the same way, the same JSON once decoded, ``ContractError`` over the message size.
+    json.dumps cost 144 µs a part, msgspec 23 (bench/RESULTS.md, issue #46, stage 1).
+    A NaN the validation does not look at (deep in an event's evidence) is written
+    as null, where json.dumps raised."""
+    raw = _encoder.encode(validate_summary(part))
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ContractError("too_large", f"summary part of {len(raw)} bytes > "
+                                         f"{MAX_MESSAGE_BYTES}: fewer nodes a part")
+    return raw
 
 
 def _unpack(state: dict[str, Any] | None, key: str) -> tuple[str, int, int]:

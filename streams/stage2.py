@@ -133,6 +133,8 @@ class Stage2Processor(BatchProcessor):
             self.jobclocks_sent += 1
         await self.send_and_checkpoint(job, stage, found, (stage.engine.next_bin or 0)
                                        - (step_before or 0), newest_append)
+        if stage.engine.next_bin is not None and stage.engine.next_bin != step_before:
+            self.metrics.evaluated.set(stage.engine.next_bin * self.cfg.detect.bin_seconds)
 
     def status_messages(self, now: float,
                         lag: dict[str, int]) -> list[JobStatus | WorkerStatus]:
