@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
+from tests.streams.fakes import DictTable, FakeDelivered, FakeMessage
 from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.jobclock import encode_jobclock
@@ -27,45 +26,14 @@ NAMES = ["a-0", "a-1", "a-4", "a-5"]  # one node a shard at 4 shards
 SHARDS = 4
 
 
-@dataclass
-class _Message:
-    key: bytes | None
-    topic: str
-    partition: int
-    offset: int
-    timestamp: float | None
-    headers: Any = ()
-
-
-@dataclass
-class _Delivered:
-    value: bytes
-    message: _Message
-
-
-class _Store(MutableMapping[bytes, Any]):
+class _Store(DictTable):
     """A checkpoint table, and the outlets of both stages."""
 
     def __init__(self) -> None:
-        self.store: dict[bytes, Any] = {}
+        super().__init__()
         self.summaries: list[bytes] = []
         self.detections: list[dict[str, Any]] = []
         self.deadletters: list[bytes] = []
-
-    def __getitem__(self, key: bytes) -> Any:
-        return self.store[key]
-
-    def __setitem__(self, key: bytes, value: Any) -> None:
-        self.store[key] = value
-
-    def __delitem__(self, key: bytes) -> None:
-        del self.store[key]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.store)
-
-    def __len__(self) -> int:
-        return len(self.store)
 
     async def summary(self, key: bytes, value: bytes) -> None:
         self.summaries.append(value)
@@ -94,10 +62,10 @@ def test_a_silent_shard_is_sealed_by_the_jobs_watermark_and_its_node_found_silen
     stage2 = Stage2Processor(cfg, WorkerMetrics(), two, two, "s2", send_jobclock)
     offset = {"samples": 0, "summaries": 0}
 
-    def deliver(topic: str, items: list[tuple[bytes, bytes]]) -> list[_Delivered]:
+    def deliver(topic: str, items: list[tuple[bytes, bytes]]) -> list[FakeDelivered]:
         out = []
         for key, value in items:
-            out.append(_Delivered(value, _Message(key, topic, 0, offset[topic], None)))
+            out.append(FakeDelivered(value, FakeMessage(key, topic, 0, offset[topic], None)))
             offset[topic] += 1
         return out
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
+from tests.streams.fakes import DictTable, FakeDelivered, FakeMessage
 from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
@@ -19,43 +18,15 @@ from vigil_gpu_monitor.streams.state_codec import decode_state
 START = 1_898_000_000.0
 
 
-@dataclass
-class _Message:
-    key: bytes | None
-    topic: str
-    partition: int
-    offset: int
-    timestamp: float | None
-
-
-@dataclass
-class _Delivered:
-    value: bytes
-    message: _Message
-
-
-class _Journal(MutableMapping[bytes, Any]):
+class _Journal(DictTable):
     """The checkpoint store and the outlets in one, writing every effect to ``log``."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.log: list[tuple[str, Any]] = []
-        self.store: dict[bytes, Any] = {}
 
-    def __getitem__(self, key: bytes) -> Any:
-        return self.store[key]
-
-    def __setitem__(self, key: bytes, value: Any) -> None:
+    def _written(self, key: bytes) -> None:
         self.log.append(("checkpoint", key.decode()))
-        self.store[key] = value
-
-    def __delitem__(self, key: bytes) -> None:
-        del self.store[key]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.store)
-
-    def __len__(self) -> int:
-        return len(self.store)
 
     async def detection(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> None:
         self.log.append(("detection", decode_detection(value)))
@@ -64,10 +35,10 @@ class _Journal(MutableMapping[bytes, Any]):
         self.log.append(("deadletter", value))
 
 
-def _batches(size: int = 200) -> list[list[_Delivered]]:
+def _batches(size: int = 200) -> list[list[FakeDelivered]]:
     job = JobSpec("proc-job", [f"p{i}" for i in range(4)])
     cluster = Cluster([job], [Fault("slow_gpu", job.name, "p1", "2", START + 40)])
-    delivered = [_Delivered(encode_sample(s), _Message(b"proc-job", "samples", 0, i,
+    delivered = [FakeDelivered(encode_sample(s), FakeMessage(b"proc-job", "samples", 0, i,
                                                        START + i / 4))
                  for i, s in enumerate(Simulator(cluster, START, seed=3).samples(150))]
     return [delivered[i:i + size] for i in range(0, len(delivered), size)]
@@ -126,8 +97,8 @@ def test_a_bad_message_is_dead_lettered_with_its_reason_and_its_neighbours_kept(
     journal = _Journal()
     processor = _processor(journal)
     batch = _batches(20)[0]
-    batch.insert(5, _Delivered(b'{"schema": "vigil.sample/1", "ts": "soon"}',
-                               _Message(b"proc-job", "samples", 0, 999, None)))
+    batch.insert(5, FakeDelivered(b'{"schema": "vigil.sample/1", "ts": "soon"}',
+                               FakeMessage(b"proc-job", "samples", 0, 999, None)))
     asyncio.run(processor.handle(batch))
     [(kind, value)] = [entry for entry in journal.log if entry[0] == "deadletter"]
     record = json.loads(value)
