@@ -235,7 +235,15 @@ class JobStage2:
         self.clock = JobClockKeeper(shards, state.get("clock"))
         # [next bin, watermark's bin] of the last job clock sent (None: none yet)
         self.clock_sent: list[int | None] | None = state.get("clock_sent")
-        self._devices: dict[str, list[Entity]] = {}
+        # derived, not kept: each shard's nodes (``owner`` inverted), and per section
+        # the last assembled bin's section and each node's device entities, so a bin
+        # of the same devices shares them rather than building 131,072 tuples and a
+        # set of them again (a bin of 16,384 nodes: issue #46)
+        self._shard_nodes: dict[int, set[str]] = {}
+        for node, k in self.owner.items():
+            self._shard_nodes.setdefault(k, set()).add(node)
+        self._last: dict[str, SealedSection] = {}
+        self._node_devices: dict[str, dict[str, tuple[list[str], list[Entity]]]] = {}
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: the engine's, and the summaries not yet evaluated."""
@@ -363,12 +371,20 @@ class JobStage2:
     def _take_health(self, shard: int, fresh: dict[str, NodeHealth]) -> None:
         """A shard's whole health state as it sealed a bin: it replaces what stage 2
         held of that shard's nodes."""
-        for node in [n for n, k in self.owner.items() if k == shard and n not in fresh]:
-            del self.owner[node]
-            self.node_state.pop(node, None)
+        before = self._shard_nodes.get(shard)
+        if before:
+            for node in before.difference(fresh):
+                if self.owner.get(node) == shard:  # not since taken by another shard
+                    del self.owner[node]
+                    self.node_state.pop(node, None)
+        self._shard_nodes[shard] = set(fresh)
+        owner, node_state = self.owner, self.node_state
         for node, state in fresh.items():
-            self.owner[node] = shard
-            self.node_state[node] = state
+            moved = owner.get(node)
+            if moved is not None and moved != shard:
+                self._shard_nodes.get(moved, set()).discard(node)
+            owner[node] = shard
+            node_state[node] = state
 
     def complete(self, b: int) -> bool:
         """Whether every shard has summarised bin ``b`` (or a later one)."""
@@ -396,32 +412,45 @@ class JobStage2:
 
     def _assemble(self, b: int) -> None:
         """Bin ``b``'s shards' rows as the one-stage sealed bin: devices sorted by node
-        and device (each node's rows come sorted), means stacked in that order."""
+        and device (each node's rows come sorted), means stacked in that order. A bin
+        of the previous bin's devices shares its device list and set, as sealing
+        shares them."""
         received = self.bins.pop(b, {})
         rows = {node: r for part in received.values() for node, r in part.items()}
         if not rows:
             return
+        order = sorted(rows)
         w = self.engine.window
         sealed: dict[str, SealedSection] = {}
         for section, names, means_key, width in (
                 ("g", "gpus", "gpu_means", len(w.gpu_metrics)),
                 ("n", "nics", "nic_means", len(w.nic_metrics))):
+            known = self._node_devices.get(section, {})
+            fresh: dict[str, tuple[list[str], list[Entity]]] = {}
             devices: list[Entity] = []
-            blocks: list[bytes] = []
-            for node in sorted(rows):
+            texts: list[str] = []
+            for node in order:
                 r: Any = rows[node]
                 devs = r[names]
                 if devs:
-                    devices.extend((node, d) for d in devs)
-                    blocks.append(binascii.a2b_base64(r[means_key]))  # validated on decode
-            before = self._devices.get(section)
-            if before is not None and before == devices:
-                devices = before  # consecutive bins share one list, as sealing shares it
-            self._devices[section] = devices
+                    mine = known.get(node)
+                    if mine is None or mine[0] != devs:
+                        mine = (devs, [(node, d) for d in devs])
+                    fresh[node] = mine
+                    devices += mine[1]
+                    texts.append(r[means_key])
+            self._node_devices[section] = fresh  # only this bin's nodes: bounded
             # one buffer for the whole bin: a numpy array a node cost a third of a step
-            means = np.frombuffer(b"".join(blocks), dtype="<f8").astype(np.float64).reshape(
+            # (the text was validated on decode)
+            raw = b"".join([binascii.a2b_base64(t) for t in texts])
+            means = np.frombuffer(raw, dtype="<f8").astype(np.float64).reshape(
                 len(devices), width)
-            sealed[section] = SealedSection(devices, means)
+            before = self._last.get(section)
+            if before is not None and before.devices == devices:
+                part = SealedSection(before.devices, means, before.device_set())
+            else:
+                part = SealedSection(devices, means)
+            self._last[section] = sealed[section] = part
         w.sealed[str(b)] = sealed
 
     def forget_old(self) -> None:

@@ -107,6 +107,28 @@ def test_malformed_summaries_are_refused_with_a_reason(summaries: list[Summary],
     assert err.value.reason == reason, err.value
 
 
+def test_means_are_checked_as_strictly_as_base64_decodes_them(
+        summaries: list[Summary]) -> None:
+    """The check does not decode the means (stage 2 decodes them once, at assembly):
+    what it lets through must decode, strictly, to the rows' float64 bytes."""
+    msg = _bin_summary(summaries)
+    node = next(iter(msg["nodes"]))
+    good = msg["nodes"][node]["gpu_means"]
+    size = len(base64.b64decode(good))
+    bad = [good[:-4], good + "====", good[:8] + "=" + good[9:], good[:8] + "\n" + good[9:],
+           good[:8] + "é" + good[9:], good[:8] + "-" + good[9:], good.rstrip("=") + "A",
+           "=" * len(good), " " + good[1:]]
+    for value in bad:
+        msg["nodes"][node]["gpu_means"] = value
+        try:
+            back = decode_summary(json.dumps(msg).encode())
+        except ContractError as err:
+            assert err.reason == "bad_summary"
+        else:
+            raw = base64.b64decode(back["nodes"][node]["gpu_means"], validate=True)
+            assert len(raw) == size, value
+
+
 @pytest.mark.parametrize("raw", [b"", b"{", b"[]", b"null", b'{"schema": "vigil.summary/1"}',
                                  b"\xff\xfe", b'{"a": NaN}'])
 def test_garbage_is_a_contract_error(raw: bytes) -> None:

@@ -125,3 +125,21 @@ def test_the_agent_keys_a_sharded_job_by_shard_and_a_small_one_by_job() -> None:
     k = shard_of("node-00042", 16)
     assert sample_key(sample, lambda job: 16) == f"llm-7#{k}/16".encode()
     assert sample_key({"job": "", "node": "n"}, lambda job: 16) == b""  # type: ignore[arg-type]
+
+
+def test_stage_2_shares_a_device_list_and_set_between_bins_of_the_same_devices() -> None:
+    """As sealing does: a bin of 131,072 GPUs must not cost a new list and set of
+    them each bin (issue #46), and a bin whose devices changed gets its own."""
+    job = ShardedJob("big", 2, DetectConfig())
+    for s in _faulty(seconds=110.0):
+        job.feed(s)
+    sealed = job.stage2.engine.window.sealed
+    bins = sorted(sealed, key=int)
+    assert len(bins) >= 6
+    parts = [sealed[b]["g"] for b in bins]
+    shared = [(a, b) for a, b in zip(parts, parts[1:], strict=False) if a.devices == b.devices]
+    assert shared, "some consecutive bins hold the same devices"
+    for a, b in shared:
+        assert a.devices is b.devices and a.device_set() is b.device_set()
+    for part in parts:
+        assert part.device_set() == frozenset(part.devices)  # a changed bin: its own set
