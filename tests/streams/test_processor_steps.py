@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from tests.streams.fakes import FakeDelivered, FakeMessage
 from tests.streams.step_trace import is_steps, keys, replayed, slow_rank_trace
-from tests.streams.test_processor import _Delivered, _Journal, _Message
+from tests.streams.test_processor import _Journal
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import encode_sample
 from vigil_gpu_monitor.contracts.config import Config
@@ -33,13 +34,13 @@ def trace() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
     return messages, replayed(messages), fault
 
 
-def _delivered(messages: list[dict[str, Any]]) -> tuple[list[_Delivered], list[_Delivered]]:
+def _delivered(messages: list[dict[str, Any]]) -> tuple[list[FakeDelivered], list[FakeDelivered]]:
     """The trace as the two topics hold it: each in its own order, its own offsets."""
     samples = [m for m in messages if not is_steps(m)]
     steps = [m for m in messages if is_steps(m)]
-    return ([_Delivered(encode_sample(m), _Message(JOB, SAMPLES, 0, i, None))  # type: ignore[arg-type]
+    return ([FakeDelivered(encode_sample(m), FakeMessage(JOB, SAMPLES, 0, i, None))  # type: ignore[arg-type]
              for i, m in enumerate(samples)],
-            [_Delivered(encode_steps(m), _Message(JOB, STEPS, 0, i, None))
+            [FakeDelivered(encode_steps(m), FakeMessage(JOB, STEPS, 0, i, None))
              for i, m in enumerate(steps)])
 
 
@@ -48,19 +49,19 @@ def _processor(journal: _Journal, metrics: WorkerMetrics | None = None) -> Batch
                           AlignParams(first_wait_seconds=3.0))
 
 
-def _event_time(d: _Delivered) -> float:
+def _event_time(d: FakeDelivered) -> float:
     value = json.loads(d.value)
     if "ranks" in value:
         return max(s["end"] for r in value["ranks"] for s in r["steps"])
     return float(value["ts"])
 
 
-def _uneven(samples: list[_Delivered], steps: list[_Delivered], window: float,
-            ) -> list[list[_Delivered]]:
+def _uneven(samples: list[FakeDelivered], steps: list[FakeDelivered], window: float,
+            ) -> list[list[FakeDelivered]]:
     """Batches as a worker catching up on a backlog may get them: a window of samples,
     then the step timings of the window before (the steps topic a window behind)."""
     t0 = _event_time(samples[0])
-    batches: list[list[_Delivered]] = []
+    batches: list[list[FakeDelivered]] = []
     k = 0
     while samples or steps:
         upto = t0 + (k + 1) * window
@@ -74,7 +75,7 @@ def _uneven(samples: list[_Delivered], steps: list[_Delivered], window: float,
     return batches
 
 
-def _prefix(messages: list[_Delivered], upto: float) -> list[_Delivered]:
+def _prefix(messages: list[FakeDelivered], upto: float) -> list[FakeDelivered]:
     """The messages up to the first at or after ``upto``."""
     n = 0
     while n < len(messages) and _event_time(messages[n]) < upto:
@@ -82,7 +83,7 @@ def _prefix(messages: list[_Delivered], upto: float) -> list[_Delivered]:
     return messages[:n]
 
 
-def _run(processor: BatchProcessor, batches: list[list[_Delivered]]) -> None:
+def _run(processor: BatchProcessor, batches: list[list[FakeDelivered]]) -> None:
     async def go() -> None:
         for batch in batches:
             await processor.handle(batch)
@@ -162,9 +163,9 @@ def test_bad_step_batches_are_dead_lettered_and_bad_records_dropped_counted(trac
               json.dumps(dict(good, node="Not A Host!")).encode(),
               json.dumps({**good, "extra": 1}).encode()]
     batch = [*steps[:3],
-             *[_Delivered(v, _Message(JOB, STEPS, 0, 1000 + i, None))
+             *[FakeDelivered(v, FakeMessage(JOB, STEPS, 0, 1000 + i, None))
                for i, v in enumerate(poison)],
-             _Delivered(json.dumps(bad_record).encode(), _Message(JOB, STEPS, 0, 1003, None))]
+             FakeDelivered(json.dumps(bad_record).encode(), FakeMessage(JOB, STEPS, 0, 1003, None))]
     journal, metrics = _Journal(), WorkerMetrics()
     processor = _processor(journal, metrics)
     _run(processor, [batch])
