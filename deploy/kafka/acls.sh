@@ -24,7 +24,6 @@ $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vig
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.status'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Read --topic 'vigil.summaries'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.summaries'
-# the job-clock feedback: stage 2 writes, every stage-1 worker reads it whole (no group)
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Read --topic 'vigil.jobclock'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation Write --topic 'vigil.jobclock'
 $ACLS --add --allow-principal 'User:vigil-worker' --operation All --topic 'vigil-worker-' --resource-pattern-type prefixed

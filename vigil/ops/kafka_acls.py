@@ -80,6 +80,9 @@ def grants(cfg: Config) -> dict[str, list[Grant]]:
                    *topic(topics.DEADLETTER, "WRITE"), *topic(topics.STATUS, "WRITE"),
                    # a sharded job's two stages (docs/sharding.md): their own groups
                    *topic(topics.SUMMARIES, "READ", "WRITE"),
+                   # the job-clock feedback: stage 2 writes, every stage-1 worker reads
+                   # it whole (no group)
+                   *topic(topics.JOBCLOCK, "READ", "WRITE"),
                    Grant("topic", f"{app}-", "ALL", "prefixed"),
                    Grant("group", app, "READ"),
                    Grant("group", f"{app}-stage", "READ", "prefixed"), *describe_all],
