@@ -26,13 +26,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import sys
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.config import Config
 
 ROLES = ("agent", "worker", "alerter", "reader")
 READER_GROUP_PREFIX = "vigil-reader"
+IN_FORCE_SECONDS = 30.0  # how long ``apply`` waits for the broker to list what it wrote
 
 
 @dataclass(frozen=True)
@@ -96,16 +99,25 @@ def grants(cfg: Config) -> dict[str, list[Grant]]:
     }
 
 
-def apply(cfg: Config) -> int:
-    """Write every role's ACLs with the admin client of ``cfg`` (a super user);
-    returns how many. Writing an ACL that exists is a no-op on the broker."""
+def apply(cfg: Config, wait_seconds: float = IN_FORCE_SECONDS) -> int:
+    """Write every role's ACLs with the admin client of ``cfg`` (a super user), and
+    wait until the broker lists them all (``wait_seconds`` at most); returns how many.
+    Writing an ACL that exists is a no-op on the broker.
+
+    Under KRaft an ACL written is in force once the broker has replayed its metadata
+    record, a moment after the controller answered: a client started at once was
+    refused on a topic its role may write (the ACL test, on a loaded machine). The
+    broker's DescribeAcls answers from the authorizer that decides, so all of them
+    listed there means all of them in force."""
     from kafka.admin import (
         ACL,
+        ACLFilter,
         ACLOperation,
         ACLPermissionType,
         ACLResourcePatternType,
         KafkaAdminClient,
         ResourcePattern,
+        ResourcePatternFilter,
         ResourceType,
     )
 
@@ -118,14 +130,34 @@ def apply(cfg: Config) -> int:
             for role, role_grants in grants(cfg).items() for g in role_grants]
     admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, client_id="vigil-acls",
                              **cfg.kafka_client)
+    every = ACLFilter(None, None, ACLOperation.ANY, ACLPermissionType.ANY,
+                      ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY))
     try:
         result = admin.create_acls(acls)
+        failed = result.get("failed") or []
+        if failed:
+            raise RuntimeError(f"Kafka refused {len(failed)} ACL(s): {failed[0]}")
+        wanted = {_acl_key(a) for a in acls}
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            listed, _ = admin.describe_acls(every)
+            missing = wanted - {_acl_key(a) for a in listed}
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{len(missing)} ACL(s) written but not in force on the "
+                                   f"broker after {wait_seconds:.0f} s")
+            time.sleep(0.2)
     finally:
         admin.close()
-    failed = result.get("failed") or []
-    if failed:
-        raise RuntimeError(f"Kafka refused {len(failed)} ACL(s): {failed[0]}")
     return len(acls)
+
+
+def _acl_key(acl: Any) -> tuple[str, int, int, str, int]:
+    """What makes an ACL the same one, as written and as the broker lists it."""
+    pattern = acl.resource_pattern
+    return (acl.principal, int(acl.operation), int(pattern.resource_type),
+            pattern.resource_name, int(pattern.pattern_type))
 
 
 def _pascal(operation: str) -> str:
