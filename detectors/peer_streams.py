@@ -168,9 +168,13 @@ class StreamTable:
         learned afresh as the GPU's normal. Streams absent longer are forgotten (a
         node that left the job), so the table stays bounded."""
         if self.keys and keys != self.keys and len(self.rows):
-            present = set(keys)
-            held = [i for i, k in enumerate(self.keys)
-                    if k not in present and self.rows[i, -1] >= oldest]
+            n = len(keys)
+            if self.keys[:n] == keys:  # the same level, streams already held after it
+                absent: range | list[int] = range(n, len(self.keys))
+            else:
+                present = set(keys)
+                absent = [i for i, k in enumerate(self.keys) if k not in present]
+            held = [i for i in absent if self.rows[i, -1] >= oldest]
             if held:
                 keys = keys + [self.keys[i] for i in held]
                 rows = np.concatenate([rows, self.rows[held]]) if len(rows) else self.rows[held]
@@ -178,8 +182,8 @@ class StreamTable:
 
     def rows_for(self, keys: list[str], fresh: tuple[float, ...]) -> Array:
         """(streams × fields) for ``keys`` in order; a key not known starts ``fresh``."""
-        if keys == self.keys:
-            return self.rows.copy()  # advanced in place: the table changes only at the end
+        if keys == self.keys[:len(keys)]:  # the table's first streams (held ones after)
+            return self.rows[:len(keys)].copy()  # the table changes only at the end
         index = {k: i for i, k in enumerate(self.keys)}
         at = np.array([index.get(k, -1) for k in keys], dtype=np.int64)
         rows = np.tile(np.array(fresh, dtype=np.float64), (len(keys), 1))
