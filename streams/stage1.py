@@ -32,13 +32,12 @@ from typing import Any, Protocol
 
 import msgspec
 
-from vigil_gpu_monitor.contracts.codec import MAX_MESSAGE_BYTES
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.errors import ContractError
 from vigil_gpu_monitor.contracts.messages import JobStatus, Sample, Summary, WorkerStatus
 from vigil_gpu_monitor.contracts.shards import shard_key, shard_of, split_key
 from vigil_gpu_monitor.contracts.status import worker_status
-from vigil_gpu_monitor.contracts.summary import split_parts, validate_summary
+from vigil_gpu_monitor.contracts.summary import encode_summary, split_parts
 from vigil_gpu_monitor.detectors.shard import ShardEngine
 from vigil_gpu_monitor.streams.align import Held, JobAligner
 from vigil_gpu_monitor.streams.jobclock import JobClockFeed
@@ -181,11 +180,7 @@ def encode_summary_fast(part: Summary) -> bytes:
     json.dumps cost 144 µs a part, msgspec 23 (bench/RESULTS.md, issue #46, stage 1).
     A NaN the validation does not look at (deep in an event's evidence) is written
     as null, where json.dumps raised."""
-    raw = _encoder.encode(validate_summary(part))
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise ContractError("too_large", f"summary part of {len(raw)} bytes > "
-                                         f"{MAX_MESSAGE_BYTES}: fewer nodes a part")
-    return raw
+    return encode_summary(part, _encoder.encode)
 
 
 def _unpack(state: dict[str, Any] | None, key: str) -> tuple[str, int, int]:
