@@ -125,6 +125,8 @@ class BatchProcessor:
         self._lock = asyncio.Lock()  # a batch and the wait timer never fold at once
         self.last_batch: dict[str, float] = {}  # job → when its last batch ended (monotonic)
         self.in_batch: str | None = None  # the job whose batch is being handled
+        # (topic, partition) → the next offset not yet handled (since the assignment)
+        self.handled: dict[TP, int] = {}
         # identity.verify: a sample must prove it comes from the node it names
         keys = cfg.identity.master_keys
         self.verifier = verifier_from(cfg.identity.verify, keys.reveal() if keys else "")
@@ -254,6 +256,10 @@ class BatchProcessor:
             if job in self.live:
                 self.live[job].node_left(node)
         self._count_held()
+        handled = self.handled
+        for event in admitted:  # in partition order: the last of each is its newest
+            msg = event.message
+            handled[(msg.topic, msg.partition)] = msg.offset + 1
 
     async def _refuse(self, event: Delivered, exc: ContractError) -> None:
         """Dead-letter a message the contract refuses, with its reason; counted."""
@@ -393,6 +399,7 @@ class BatchProcessor:
         # next owner reads it again
         self.aligners.clear()
         self.unsaved.clear()
+        self.handled.clear()
         self._count_held()
 
     def status_messages(self, now: float,

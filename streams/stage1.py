@@ -20,14 +20,15 @@ The job's clock and watermark come back from stage 2 (``vigil.jobclock/1``,
 its samples, and a timer (``seal_by_jobclock``) seals what the job's watermark
 closed in shards that have had no sample for ``grace_seconds`` (their nodes all fell
 silent; stage 2 waits for every shard, so they would stall the job). Only a quiet
-shard takes the job's watermark: one behind, a restarted worker with a backlog, would
-otherwise drop its backlog as late.
+shard takes the job's watermark, and quiet means nothing of it waits in Kafka
+(``streams/caught_up.py``): one behind, a restarted worker with a backlog, would
+otherwise seal bins its samples have not reached and drop its backlog as late.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
 import msgspec
@@ -130,18 +131,27 @@ class Stage1Processor(BatchProcessor):
         shard.take_jobclock(clock, watermark)
         return True
 
-    async def seal_by_jobclock(self, now: float | None = None) -> int:
+    async def seal_by_jobclock(
+            self, now: float | None = None,
+            handled_as_of: Callable[[int], float | None] | None = None) -> int:
         """Seal, in every live shard quiet for ``grace_seconds``, the bins its job's
         watermark closed, and send their summaries: a shard whose nodes all fell
         silent has no sample to seal by, and would stall its job (stage 2 waits for
-        every shard). Called every second by the worker; returns the bins sealed."""
+        every shard). Called every second by the worker; returns the bins sealed.
+
+        ``handled_as_of(partition)``: when everything in the partition had last been
+        handled (``streams/caught_up.py``). With it, a shard is quiet only when that
+        moment is after its last batch: nothing of it waits in Kafka. Without it (the
+        processor driven directly), a shard without a batch for a while is quiet."""
         now = time.monotonic() if now is None else now
         quiet = self.cfg.detect.grace_seconds
         sealed = 0
         async with self._lock:
             for key, engine in list(self.live.items()):
                 shard: Any = engine
-                if (key == self.in_batch or now - self.last_batch.get(key, now) < quiet
+                last = self.last_batch.get(key, now)
+                if (key == self.in_batch or now - last < quiet
+                        or not self._wholly_read(key, last, handled_as_of)
                         or not self._take_jobclock(shard, watermark=True)):
                     continue
                 out = shard.seal_closed()
@@ -149,6 +159,16 @@ class Stage1Processor(BatchProcessor):
                     sealed += len(out)
                     await self._send(shard, out, len(out))
         return sealed
+
+    def _wholly_read(self, key: str, last: float,
+                     handled_as_of: Callable[[int], float | None] | None) -> bool:
+        """Whether every partition the shard was read from was wholly handled after
+        its last batch (always, without ``handled_as_of``)."""
+        if handled_as_of is None:
+            return True
+        parts = [p for steps, p in self.folded.get(key, {}) if not steps]
+        return bool(parts) and all((handled_as_of(p) or float("-inf")) > last
+                                   for p in parts)
 
     async def _send(self, shard: ShardEngine, out: list[Summary], bins: int) -> None:
         """Send a shard's summaries, in parts, then checkpoint it when due."""

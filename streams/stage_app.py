@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 import faust
@@ -31,6 +32,7 @@ from vigil_gpu_monitor.streams.app import (
     kafka_credentials,
     wire_processor,
 )
+from vigil_gpu_monitor.streams.caught_up import CaughtUp
 from vigil_gpu_monitor.streams.jobclock import read_jobclocks
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import BatchProcessor
@@ -100,10 +102,22 @@ def build_stage_app(cfg: Config, stage: int, metrics: WorkerMetrics | None = Non
             auth = dict(credentials_to_aiokafka_auth(kafka_credentials(cfg)))
             await read_jobclocks(stage1.jobclocks, jobclock_name, cfg.kafka_bootstrap, auth)
 
+        caught_up = CaughtUp()
+
+        async def _on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+            caught_up.reset()
+
+        app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
+
         @app.timer(interval=JOBCLOCK_SEAL_SECONDS)
         async def seal_by_jobclock() -> None:
             try:
-                await stage1.seal_by_jobclock()
+                now = time.monotonic()
+                for tp in app.consumer.assignment():
+                    if tp.topic == inbound_name:
+                        caught_up.note(tp.partition, app.consumer.highwater(tp),
+                                       stage1.handled.get((tp.topic, tp.partition)), now)
+                await stage1.seal_by_jobclock(now, caught_up.handled_as_of)
             except Exception:  # an exception in a Faust timer ends the worker: count, log
                 metrics.errors.inc()
                 log.exception("stage 1: sealing by the jobs' clocks failed")
