@@ -1,7 +1,7 @@
 """What each stage of a sharded job costs, in one process (docs/sharding.md).
 
     .venv/bin/python bench/bench_sharded_cost.py --simulate-gpus 16384 --seconds 90 \\
-        --shards 8 --scale 1,8
+        --shards 8 --scale 1,8 --gc pause,on
 
 One simulated job (``bench_shard_seam.simulated``: faults, skewed clocks, 1 % loss)
 through ``ShardedJob``, every summary encoded and split in parts as stage 1 sends it
@@ -35,6 +35,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterable, Iterator  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -52,6 +53,7 @@ from vigil_gpu_monitor.contracts.summary import (  # noqa: E402
 )
 from vigil_gpu_monitor.detectors.engine import ReplayRunner  # noqa: E402
 from vigil_gpu_monitor.detectors.shard import JobStage2, ShardedJob, ShardEngine  # noqa: E402
+from vigil_gpu_monitor.streams.collector import collector_paused  # noqa: E402
 from vigil_gpu_monitor.vigil.commands import trace_samples  # noqa: E402
 
 
@@ -147,25 +149,42 @@ class Stage2Run:
     stage2: JobStage2
 
 
+GC_MODES = ("pause", "pause-bin", "on", "off", "freeze")
+
+
 def replay_stage2(rec: Recorded, scale: int, cfg: DetectConfig,
-                  freeze: bool = False) -> Stage2Run:
-    """Stage 2 over Kafka's path at ``scale`` times the recorded job's nodes;
-    ``freeze``: ``gc.freeze()`` after each bin (what-if: the cyclic collector no
-    longer walks the state the stage keeps, only what a bin adds)."""
+                  gc_mode: str = "pause") -> Stage2Run:
+    """Stage 2 over Kafka's path at ``scale`` times the recorded job's nodes. The
+    cyclic collector: ``pause``, off while each part is handled and on between
+    them, as the worker pauses it for each batch (``streams/collector.py``; a
+    batch of one part is the most often it comes back on); ``pause-bin``, off
+    over each bin's parts and its evaluation (a batch that holds a whole bin: its
+    parts arrive within the worker's 0.5 s batch window); ``on``, as Python runs
+    it; ``off``, never (what-if: the collector's whole cost); ``freeze``,
+    ``gc.freeze()`` after each bin (what-if: the collector no longer
+    walks the state the stage keeps, only what a bin adds)."""
     stage2 = JobStage2(rec.job, rec.shards * scale, cfg)
     e = stage2.engine
     clock = time.process_time
     acc = [0.0, 0.0, 0.0]
     bins: list[tuple[float, float, float]] = []
     out: list[Detection] = []
+    freeze = gc_mode == "freeze"
+    paused = collector_paused() if gc_mode in ("pause-bin", "off") else nullcontext()
+    paused.__enter__()
     for raw in cloned(rec, scale):
         t0 = clock()
-        summary = decode_summary(raw)
-        t1 = clock()
-        out.extend(stage2.receive(summary))
-        t2 = clock()
-        before = e.next_bin
-        out.extend(stage2.evaluate_ready())
+        with collector_paused() if gc_mode == "pause" else nullcontext():
+            summary = decode_summary(raw)
+            t1 = clock()
+            out.extend(stage2.receive(summary))
+            t2 = clock()
+            before = e.next_bin
+            out.extend(stage2.evaluate_ready())
+            if gc_mode == "pause-bin" and e.next_bin != before:
+                paused.__exit__(None, None, None)  # the bin's collection, in its time
+                paused = collector_paused()
+                paused.__enter__()
         t3 = clock()
         acc[0] += t1 - t0
         acc[1] += t2 - t1
@@ -175,6 +194,7 @@ def replay_stage2(rec: Recorded, scale: int, cfg: DetectConfig,
             acc = [0.0, 0.0, 0.0]
             if freeze:
                 gc.freeze()
+    paused.__exit__(None, None, None)
     if freeze:
         gc.unfreeze()
     return Stage2Run(bins, out, stage2)
@@ -194,8 +214,9 @@ def main() -> int:
     parser.add_argument("--scale", default="1,8",
                         help="stage 2 at these multiples of the job's nodes")
     parser.add_argument("--skip-one-stage", action="store_true")
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="also each scale with gc.freeze() after each bin (what-if)")
+    parser.add_argument("--gc", default="pause",
+                        help="the cyclic collector in stage 2, a comma-separated list of "
+                             f"{', '.join(GC_MODES)} (replay_stage2 says what each is)")
     args = parser.parse_args()
     cfg = DetectConfig()
     samples = list(trace_samples(str(simulated(args.simulate_gpus, args.seconds))))
@@ -220,18 +241,19 @@ def main() -> int:
     sizes = rec.bin_bytes[window:] or rec.bin_bytes
     print(f"summaries a bin: {statistics.median(sizes) / 1e6:.2f} MB "
           f"({statistics.median(sizes) / nodes:.0f} bytes a node)", flush=True)
-    runs = [(int(c), False) for c in args.scale.split(",")]
-    if args.gc_freeze:
-        runs += [(c, True) for c, _ in runs]
-    for scale, freeze in runs:
+    modes = args.gc.split(",")
+    if not set(modes) <= set(GC_MODES):
+        parser.error(f"--gc: {args.gc!r}; each of {', '.join(GC_MODES)}")
+    runs = [(int(c), mode) for mode in modes for c in args.scale.split(",")]
+    for scale, mode in runs:
         gc.collect()
-        run = replay_stage2(rec, scale, cfg, freeze)
+        run = replay_stage2(rec, scale, cfg, mode)
         steady = run.bins[window:] or run.bins
         total = [sum(b) for b in steady]
         same = "" if scale != 1 else (
             f"; detections equal to ShardedJob's: {run.detections == rec.detections}")
         print(f"stage 2 at {nodes * scale:,} nodes ({nodes * scale * 8:,} GPUs)"
-              f"{', gc.freeze() after each bin' if freeze else ''}, "
+              f", collector {mode}, "
               f"{len(run.bins)} bins ({len(steady)} timed): a bin {_ms(total)} "
               f"(median / p90 / max); of it decode {_ms([b[0] for b in steady])}, "
               f"receive {_ms([b[1] for b in steady])}, evaluate {_ms([b[2] for b in steady])}; "

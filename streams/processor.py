@@ -52,6 +52,7 @@ from vigil_gpu_monitor.contracts.status import HEAT_METRICS, job_status, worker_
 from vigil_gpu_monitor.contracts.steps import DroppedStep, decode_steps
 from vigil_gpu_monitor.detectors.engine import JobEngine, NodeMoves
 from vigil_gpu_monitor.streams.align import AlignParams, Held, JobAligner
+from vigil_gpu_monitor.streams.collector import collector_paused
 from vigil_gpu_monitor.streams.deadletter import deadletter_record
 from vigil_gpu_monitor.streams.decode import decode_sample_fast
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
@@ -210,9 +211,11 @@ class BatchProcessor:
 
     async def handle(self, admitted: list[Delivered]) -> None:
         """One batch the offset guard admitted (samples and step timings), in
-        partition order."""
+        partition order. The cyclic collector waits for its end
+        (``streams/collector.py``)."""
         async with self._lock:
-            await self._handle(admitted)
+            with collector_paused():
+                await self._handle(admitted)
 
     async def _handle(self, admitted: list[Delivered]) -> None:
         arrived: dict[str, None] = {}  # jobs with new messages, in order of arrival

@@ -33,6 +33,7 @@ from vigil_gpu_monitor.contracts.messages import Detection, JobStatus, Summary, 
 from vigil_gpu_monitor.contracts.status import HEAT_METRICS, job_status, worker_status
 from vigil_gpu_monitor.contracts.summary import decode_summary
 from vigil_gpu_monitor.detectors.shard import JobStage2
+from vigil_gpu_monitor.streams.collector import collector_paused
 from vigil_gpu_monitor.streams.deadletter import deadletter_record
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import (
@@ -86,7 +87,12 @@ class Stage2Processor(BatchProcessor):
             raw, exc.reason, exc.detail, msg.topic, msg.partition, msg.offset))
 
     async def handle(self, admitted: list[Delivered]) -> None:
-        """One batch of summaries the offset guard admitted, in partition order."""
+        """One batch of summaries the offset guard admitted, in partition order; the
+        cyclic collector waits for its end (``streams/collector.py``)."""
+        with collector_paused():
+            await self._handle_summaries(admitted)
+
+    async def _handle_summaries(self, admitted: list[Delivered]) -> None:
         by_job: dict[str, list[tuple[Summary, int, int, bytes]]] = defaultdict(list)
         newest_append = 0.0
         for event in admitted:
