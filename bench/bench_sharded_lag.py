@@ -9,10 +9,12 @@ One simulated job of ``--nodes`` nodes (8 GPUs each) with faults at known times
 is published in real time, one sample a node a second, each at the wall time its
 timestamp says: its trace (generated once, ``.vigil/lag-trace-N.jsonl``) is moved in
 time by a whole number of bins, so its bins are the trace's. Samples are keyed
-``job#k/K`` and shard ``k`` goes to partition ``k`` of a topic of ``K`` partitions
-(Kafka's hash of ``K`` keys would put two shards on one partition and leave
-a worker idle). For each worker count, a fresh topic prefix and consumer groups: ``W``
-processes of ``vigil worker --stage 1`` in one group and one ``vigil worker --stage 2``.
+``job#k/K`` and sent with the agents' partitioner (``contracts/partition.py``): the
+job's ``K`` shards on ``K`` distinct partitions of a topic of ``K`` (Kafka's hash of
+``K`` keys would put two shards on one partition and leave a worker idle; the runs
+in bench/RESULTS.md before it placed shard ``k`` on partition ``k`` by hand). For
+each worker count, a fresh topic prefix and consumer groups: ``W`` processes of
+``vigil worker --stage 1`` in one group and one ``vigil worker --stage 2``.
 
 Measured, all wall-clock on this machine (the producer's clock is the trace's):
 
@@ -57,9 +59,10 @@ from kafka import KafkaAdminClient, KafkaProducer
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
 from vigil_gpu_monitor.contracts.config import Config, load
-from vigil_gpu_monitor.contracts.shards import shard_key, shard_of
+from vigil_gpu_monitor.contracts.shards import shard_key
 from vigil_gpu_monitor.contracts.summary import decode_summary
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.producers.publisher import ShardPartitioner
 from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil_gpu_monitor.streams.decode import decode_sample_fast
 from vigil_gpu_monitor.vigil.ops.kafka_admin import delete_topics_starting, ensure_topics
@@ -150,7 +153,8 @@ def _publish(cfg: Config, trace: Path, shards: int, shift: float, topic: str,
     """Publish the trace moved by ``shift`` s, each sample at its time; writes the
     published lines to ``out``; returns each bin's last sample's wall time."""
     producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
-                             compression_type="gzip", linger_ms=5)
+                             compression_type="gzip", linger_ms=5,
+                             partitioner=ShardPartitioner())
     last: dict[int, float] = {}
     bin_s = cfg.detect.bin_seconds
     behind = 0.0
@@ -165,9 +169,9 @@ def _publish(cfg: Config, trace: Path, shards: int, shift: float, topic: str,
                 time.sleep(wait)
             else:
                 behind = max(behind, -wait)
-            k = shard_of(sample["node"], shards)
+            # the agents' partitioner: the job's shards on distinct partitions
             producer.send(topic, key=shard_key(JOB, sample["node"], shards).encode(),
-                          value=raw, partition=k)
+                          value=raw)
             b = math.floor(sample["ts"] / bin_s)
             last[b] = time.time()
     producer.flush()

@@ -31,10 +31,12 @@ from typing import Any
 
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
+from kafka.partitioner import Partitioner
 
 from vigil_gpu_monitor.contracts.codec import encode_sample
 from vigil_gpu_monitor.contracts.identity import Signer
 from vigil_gpu_monitor.contracts.messages import Sample
+from vigil_gpu_monitor.contracts.partition import shard_partition
 from vigil_gpu_monitor.contracts.shards import shard_key
 from vigil_gpu_monitor.producers.spool import DiskSpool
 
@@ -46,6 +48,19 @@ def sample_key(sample: Sample, shards: Shards | None) -> bytes:
     """The record key: the job id, or ``job#k/K`` for a job split in K shards."""
     return shard_key(sample["job"], sample["node"],
                      shards(sample["job"]) if shards and sample["job"] else 1).encode()
+
+
+class ShardPartitioner(Partitioner):
+    """``contracts.partition.shard_partition`` as kafka-python's partitioner: a
+    sharded job's shards on distinct partitions, every other key where Kafka's
+    default partitioner sends it (the workers' Faust producer uses the same rule)."""
+
+    def partition(self, topic: str, key: Any, serialized_key: bytes | None, value: Any,
+                  serialized_value: bytes | None, cluster: Any) -> int:
+        if topic not in cluster.topics():
+            raise ValueError(f"topic {topic} not found in the cluster's metadata")
+        return shard_partition(serialized_key, sorted(cluster.partitions_for_topic(topic)),
+                               list(cluster.available_partitions_for_topic(topic)))
 
 
 class KafkaPublisher:
@@ -62,7 +77,8 @@ class KafkaPublisher:
         self.failed = 0
         self._producer = KafkaProducer(**{
             "bootstrap_servers": bootstrap, "acks": "all", "compression_type": "gzip",
-            "linger_ms": 20, "batch_size": 256 * 1024, "max_request_size": 1 << 20, **client})
+            "linger_ms": 20, "batch_size": 256 * 1024, "max_request_size": 1 << 20,
+            "partitioner": ShardPartitioner(), **client})
 
     def _on_error(self, exc: BaseException) -> None:
         self.failed += 1
@@ -101,7 +117,8 @@ class BufferedPublisher:
         self._factory = producer_factory or (lambda: KafkaProducer(
             bootstrap_servers=bootstrap, acks="all", compression_type="gzip", linger_ms=50,
             batch_size=256 * 1024, request_timeout_ms=10_000, delivery_timeout_ms=30_000,
-            max_block_ms=5_000, reconnect_backoff_max_ms=2_000, **client))
+            max_block_ms=5_000, reconnect_backoff_max_ms=2_000,
+            **{"partitioner": ShardPartitioner(), **client}))
         self._buffer: deque[tuple[float, bytes, bytes]] = deque()
         self._in_flight = 0
         self._lock = threading.Condition()

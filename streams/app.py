@@ -48,6 +48,7 @@ import faust
 
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.partition import shard_partition
 from vigil_gpu_monitor.contracts.status import encode_status, feed_key
 from vigil_gpu_monitor.streams.align import AlignParams
 from vigil_gpu_monitor.streams.continuity import Continuity
@@ -135,7 +136,9 @@ def faust_app(cfg: Config, app_id: str, datadir: str, partitions: int,
               replication_factor: int) -> faust.App:
     """A Faust app with Vigil's settings (the one-stage worker's and each stage's):
     tables in memory rebuilt from their changelogs, acks from every replica, the
-    session and fetch sizes of ``worker``, one monitor call a batch."""
+    session and fetch sizes of ``worker``, one monitor call a batch, and the agents'
+    partitioner (``contracts/partition.py``: a stage-1 shard's checkpoint lands on
+    the changelog partition of the samples partition its shard is read from)."""
     return faust.App(
         app_id,
         broker=f"kafka://{cfg.kafka_bootstrap}",
@@ -151,13 +154,14 @@ def faust_app(cfg: Config, app_id: str, datadir: str, partitions: int,
         broker_heartbeat_interval=max(0.5, cfg.worker.session_timeout_seconds / 10),
         broker_credentials=kafka_credentials(cfg),
         consumer_max_fetch_size=cfg.worker.fetch_bytes_per_partition,
+        producer_partitioner=shard_partition,
         Monitor=PerBatchMonitor,
     )
 
 
 def wire_processor(app: faust.App, cfg: Config, metrics: WorkerMetrics,
                    processor: BatchProcessor, source: Any, inbound: tuple[str, ...],
-                   status: Any, label: str) -> None:
+                   status: Any, label: str) -> Continuity:
     """Run ``processor`` on ``source`` (a channel over the ``inbound`` topics, the
     first the one whose lag is reported) in ``app``: the offset guard, the
     revocation order, the batch agent with concurrency 1, and the offset, quiet
@@ -229,6 +233,8 @@ def wire_processor(app: faust.App, cfg: Config, metrics: WorkerMetrics,
             """Each evaluated job's heat and this worker's health, for `vigil top`."""
             for msg in processor.status_messages(time.time(), lag_now):
                 await status.send(key=feed_key(msg), value=encode_status(msg))
+
+    return continuity
 
 
 

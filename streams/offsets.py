@@ -49,6 +49,7 @@ class Verdict(StrEnum):
 class _Partition:
     expected: int
     progressed_at: float
+    anchored: int = -1  # the offset it was anchored at
     gap_seen: bool = False
     last_refetch: float = float("-inf")
 
@@ -74,7 +75,17 @@ class OffsetGuard:
 
     def anchor(self, partition: Hashable, next_offset: int) -> None:
         """Start the partition at ``next_offset`` (the committed offset, or the log start)."""
-        self._parts[partition] = _Partition(expected=next_offset, progressed_at=self._clock())
+        self._parts[partition] = _Partition(expected=next_offset, progressed_at=self._clock(),
+                                            anchored=next_offset)
+
+    def untouched_at(self, partition: Hashable) -> int | None:
+        """The offset the partition was anchored at, while no message of it has been
+        admitted since (None: one has, or it is not anchored): everything before it
+        was handled by whoever committed it."""
+        part = self._parts.get(partition)
+        if part is None or part.expected != part.anchored:
+            return None
+        return part.expected
 
     def admit(self, partition: Hashable, offset: int) -> Verdict:
         """The verdict for one message; PROCESS moves the partition on by one."""

@@ -28,7 +28,7 @@ otherwise seal bins its samples have not reached and drop its backlog as late.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any, Protocol
 
 import msgspec
@@ -65,6 +65,10 @@ class Stage1Processor(BatchProcessor):
         self.shards_of: dict[str, tuple[str, int, int]] = {}  # key → (job, shard, shards)
         self.summaries_sent = 0
         self.jobclocks = JobClockFeed()  # each job's newest clock from stage 2
+        # checkpointed shards not live, as revive_stalling weighs them (read once an
+        # assignment), and those it revived
+        self._dormant: dict[str, tuple[frozenset[int], str, int, float | None]] = {}
+        self._settled: set[str] = set()
 
     def route(self, sample: Sample, msg: Message) -> str:
         """The shard's key, ``job#k/K`` as the agent keyed it (``job`` alone: one
@@ -160,6 +164,56 @@ class Stage1Processor(BatchProcessor):
                     await self._send(shard, out, len(out))
         return sealed
 
+    async def revive_stalling(self, assigned: Collection[int],
+                              handled_as_of: Callable[[int], float | None],
+                              now: float | None = None) -> list[str]:
+        """Bring back, from their checkpoints, the shards this worker owns that are
+        not live though their job went on without them: after a restart a shard
+        whose nodes had all fallen silent has no sample left to make it live, so the
+        timer would never seal it and stage 2, which waits for every shard, would
+        stall its job for good. A shard qualifies when every partition it was read
+        from is assigned here and wholly handled (nothing of it waits in Kafka: a
+        sample after its checkpoint would have made it live; the commit never
+        passes one), and its job's watermark (``vigil.jobclock/1``) is more than
+        ``grace_seconds`` and a bin past the newest sample it holds (the job's
+        other shards went on: a job that simply ended is left alone). A revived
+        shard is quiet from now, and sealed once it has been for ``grace_seconds``.
+        Each checkpoint is read once an assignment; returns the shards revived."""
+        now = time.monotonic() if now is None else now
+        ahead = self.cfg.detect.grace_seconds + self.cfg.detect.bin_seconds
+        revived: list[str] = []
+        async with self._lock:
+            for raw in list(self.checkpoints.keys()):
+                key = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+                if key in self.live or key in self._settled:
+                    continue
+                dormant = self._dormant.get(key)
+                if dormant is None:
+                    dormant = self._dormant[key] = _dormant_of(
+                        decode_state(self.checkpoints.get(raw)), key)
+                parts, job, shards, newest = dormant
+                clock = self.jobclocks.get(job) if shards > 1 and parts else None
+                if clock is None or clock["shards"] != shards or newest is None:
+                    continue
+                if not (parts <= set(assigned)
+                        and all(handled_as_of(p) is not None for p in parts)):
+                    continue
+                if clock["max_ts"] is None or clock["max_ts"] <= newest + ahead:
+                    continue
+                self.engine_for(key)
+                self.last_batch[key] = now
+                self._settled.add(key)
+                revived.append(key)
+        return revived
+
+    async def on_revoked(self, flush: Callable[[], Awaitable[None]],
+                         commit_processed: Callable[[], Awaitable[None]]) -> None:
+        """As every worker's, and the checkpointed shards weighed are weighed again
+        after the next assignment."""
+        await super().on_revoked(flush, commit_processed)
+        self._dormant.clear()
+        self._settled.clear()
+
     def _wholly_read(self, key: str, last: float,
                      handled_as_of: Callable[[int], float | None] | None) -> bool:
         """Whether every partition the shard was read from was wholly handled after
@@ -201,6 +255,18 @@ def encode_summary_fast(part: Summary) -> bytes:
     A NaN the validation does not look at (deep in an event's evidence) is written
     as null, where json.dumps raised."""
     return encode_summary(part, _encoder.encode)
+
+
+def _dormant_of(state: dict[str, Any] | None,
+                key: str) -> tuple[frozenset[int], str, int, float | None]:
+    """A checkpointed shard as ``revive_stalling`` weighs it: the partitions it was
+    read from, its job, its job's shard count, the newest sample time it holds."""
+    if not state:
+        return frozenset(), "", 1, None
+    job, _, shards = _unpack(state, key)
+    parts = frozenset(int(p) for p in (state.get(SOURCE_OFFSETS) or {}))
+    newest = (state.get("engine") or {}).get("max_ts")
+    return parts, job, shards, None if newest is None else float(newest)
 
 
 def _unpack(state: dict[str, Any] | None, key: str) -> tuple[str, int, int]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import faust
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+from faust.types import TP
 
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.config import Config
@@ -33,6 +34,7 @@ from vigil_gpu_monitor.streams.app import (
     wire_processor,
 )
 from vigil_gpu_monitor.streams.caught_up import CaughtUp
+from vigil_gpu_monitor.streams.continuity import Continuity
 from vigil_gpu_monitor.streams.jobclock import read_jobclocks
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import BatchProcessor
@@ -101,26 +103,6 @@ def build_stage_app(cfg: Config, stage: int, metrics: WorkerMetrics | None = Non
             """Every job's clock from stage 2, the whole topic (no consumer group)."""
             auth = dict(credentials_to_aiokafka_auth(kafka_credentials(cfg)))
             await read_jobclocks(stage1.jobclocks, jobclock_name, cfg.kafka_bootstrap, auth)
-
-        caught_up = CaughtUp()
-
-        async def _on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
-            caught_up.reset()
-
-        app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
-
-        @app.timer(interval=JOBCLOCK_SEAL_SECONDS)
-        async def seal_by_jobclock() -> None:
-            try:
-                now = time.monotonic()
-                for tp in app.consumer.assignment():
-                    if tp.topic == inbound_name:
-                        caught_up.note(tp.partition, app.consumer.highwater(tp),
-                                       stage1.handled.get((tp.topic, tp.partition)), now)
-                await stage1.seal_by_jobclock(now, caught_up.handled_as_of)
-            except Exception:  # an exception in a Faust timer ends the worker: count, log
-                metrics.errors.inc()
-                log.exception("stage 1: sealing by the jobs' clocks failed")
     else:
         detections = app.topic(topics.topic(topics.DETECTIONS, prefix), key_serializer="raw",
                                value_serializer="raw",
@@ -133,6 +115,38 @@ def build_stage_app(cfg: Config, stage: int, metrics: WorkerMetrics | None = Non
 
         processor = Stage2Processor(cfg, metrics, _FaustOutlets(detections, deadletter),
                                     table, worker_id, send_jobclock)
-    wire_processor(app, cfg, metrics, processor, source, (inbound_name,), status,
-                   f"stage {stage}: ")
+    continuity = wire_processor(app, cfg, metrics, processor, source, (inbound_name,),
+                                status, f"stage {stage}: ")
+    if isinstance(processor, Stage1Processor):
+        _seal_quiet_shards(app, processor, continuity, inbound_name, metrics)
     return app
+
+
+def _seal_quiet_shards(app: faust.App, stage1: Stage1Processor, continuity: Continuity,
+                       samples: str, metrics: WorkerMetrics) -> None:
+    """Stage 1's timer: note how far each assigned partition was wholly handled
+    (``streams/caught_up.py``), bring back the shards a restart left stalling their
+    job, and seal every quiet shard by its job's watermark."""
+    caught_up = CaughtUp()
+
+    async def _on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        caught_up.reset()
+
+    app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
+
+    @app.timer(interval=JOBCLOCK_SEAL_SECONDS)
+    async def seal_by_jobclock() -> None:
+        try:
+            now = time.monotonic()
+            assigned = [tp for tp in app.consumer.assignment() if tp.topic == samples]
+            for tp in assigned:
+                handled = stage1.handled.get((tp.topic, tp.partition))
+                if handled is None:  # nothing since the assignment: where it was anchored
+                    handled = continuity.guard.untouched_at(TP(tp.topic, tp.partition))
+                caught_up.note(tp.partition, app.consumer.highwater(tp), handled, now)
+            await stage1.revive_stalling({tp.partition for tp in assigned},
+                                         caught_up.handled_as_of, now)
+            await stage1.seal_by_jobclock(now, caught_up.handled_as_of)
+        except Exception:  # an exception in a Faust timer ends the worker: count, log
+            metrics.errors.inc()
+            log.exception("stage 1: sealing by the jobs' clocks failed")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
 from tests.integration.kafka_helpers import VIGIL, read_topic
@@ -23,6 +23,7 @@ from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.jobclock import decode_jobclock
 from vigil_gpu_monitor.contracts.shards import shard_key, shard_of
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.producers.publisher import ShardPartitioner
 from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
@@ -36,6 +37,17 @@ def _stage(env: dict[str, str], stage: int, log_path: Path) -> subprocess.Popen[
     with open(log_path, "ab") as log:
         return subprocess.Popen([*VIGIL, "worker", "--stage", str(stage)], env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+
+
+def _logs(folder: Path) -> str:
+    return "\n".join(p.read_text()[-2000:] for p in sorted(folder.glob("stage*.log")))
 
 
 def _found(detections: list[dict[str, Any]]) -> set[tuple[str, str, float]]:
@@ -54,7 +66,8 @@ def test_a_silent_shard_is_sealed_by_the_fed_back_watermark_over_kafka(
     assert expected == {("node_silent", NODES[0], START + 50)}, expected
 
     ensure_topics(isolated_cfg)
-    producer = KafkaProducer(bootstrap_servers=isolated_cfg.kafka_bootstrap, acks="all")
+    producer = KafkaProducer(bootstrap_servers=isolated_cfg.kafka_bootstrap, acks="all",
+                             partitioner=ShardPartitioner())
     name = topics.topic(topics.SAMPLES, isolated_cfg.kafka.topic_prefix)
     for s in samples:
         producer.send(name, key=shard_key("fed", s["node"], SHARDS).encode(),
@@ -69,12 +82,17 @@ def test_a_silent_shard_is_sealed_by_the_fed_back_watermark_over_kafka(
                             120, procs[1])
         clocks = read_topic(isolated_cfg, topics.JOBCLOCK, lambda v: len(v) >= 1, 30)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
-    log = "\n".join(p.read_text()[-2000:] for p in sorted(tmp_path.glob("stage*.log")))
+        _stop(procs)
+    log = _logs(tmp_path)
     assert _found([dict(decode_detection(v)) for v in values]) == expected, log
+    # the agents' partitioner put the job's four shards on four partitions
+    consumer = KafkaConsumer(name, bootstrap_servers=isolated_cfg.kafka_bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=2000)
+    try:
+        placed = {(r.key, r.partition) for r in consumer}
+    finally:
+        consumer.close()
+    assert len(placed) == SHARDS and len({p for _, p in placed}) == SHARDS, placed
     last = decode_jobclock(clocks[-1])
     assert last["job"] == "fed" and last["shards"] == SHARDS and last["voters"] == len(NODES)
     admin = KafkaAdminClient(bootstrap_servers=isolated_cfg.kafka_bootstrap)
@@ -85,3 +103,49 @@ def test_a_silent_shard_is_sealed_by_the_fed_back_watermark_over_kafka(
         assert "compact" in str(described)
     finally:
         admin.close()
+
+
+def test_a_silent_shard_left_behind_by_a_stage1_crash_is_revived_over_kafka(
+        isolated_env: dict[str, str], isolated_cfg: Config, tmp_path: Path) -> None:
+    """The same job; stage 1 SIGKILLed once the silent node is found, the other
+    nodes' next 80 s published, stage 1 started again: the silent node's shard has
+    no sample to make it live, so only ``Stage1Processor.revive_stalling`` brings it
+    back from its checkpoint, and stage 2 goes on evaluating the job."""
+    cluster = Cluster([JobSpec("rev", NODES)], [Fault("node_silent", "rev", NODES[0], None,
+                                                      START + 40)], skew_seconds=1.0)
+    samples = list(Simulator(cluster, START, seed=3).samples(170))
+    cut = next(i for i, s in enumerate(samples) if s["ts"] >= START + 80)
+    ensure_topics(isolated_cfg)
+    name = topics.topic(topics.SAMPLES, isolated_cfg.kafka.topic_prefix)
+
+    def publish(part: list[dict[str, Any]]) -> None:
+        producer = KafkaProducer(bootstrap_servers=isolated_cfg.kafka_bootstrap, acks="all",
+                             partitioner=ShardPartitioner())
+        for s in part:
+            producer.send(name, key=shard_key("rev", s["node"], SHARDS).encode(),
+                          value=encode_sample(s))
+        producer.flush()
+        producer.close()
+
+    def evaluated_past(t: float) -> Any:
+        return lambda v: any(c["job"] == "rev" and c["next_bin"] is not None
+                             and c["next_bin"] * 5.0 > t
+                             for c in (decode_jobclock(x) for x in v))
+
+    publish(samples[:cut])
+    env = dict(isolated_env, VIGIL_WORKER_SESSION_TIMEOUT_SECONDS="8")
+    procs = [_stage(env, 1, tmp_path / "stage1-a.log"), _stage(env, 2, tmp_path / "stage2.log")]
+    try:
+        read_topic(isolated_cfg, topics.DETECTIONS,
+                   lambda v: any(d["kind"] == "node_silent"
+                                 for d in (decode_detection(x) for x in v)), 120, procs[1])
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(timeout=30)
+        publish(samples[cut:])
+        procs[0] = _stage(env, 1, tmp_path / "stage1-b.log")
+        clocks = read_topic(isolated_cfg, topics.JOBCLOCK, evaluated_past(START + 140), 150,
+                            procs[1])
+    finally:
+        _stop(procs)
+    log = _logs(tmp_path)
+    assert evaluated_past(START + 140)(clocks), log

@@ -25,6 +25,7 @@ from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
 from vigil_gpu_monitor.contracts.config import Config
 from vigil_gpu_monitor.contracts.shards import shard_key
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.producers.publisher import ShardPartitioner
 from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil_gpu_monitor.vigil.ops.kafka_admin import ensure_topics
 
@@ -46,7 +47,8 @@ def _keys(detections: list[dict[str, Any]]) -> set[Key]:
 def _publish(cfg: Config, samples: list[dict[str, Any]]) -> None:
     """Samples keyed as the agent keys a sharded job's: ``job#k/K``."""
     ensure_topics(cfg)
-    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all")
+    producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
+                             partitioner=ShardPartitioner())
     name = topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix)
     for s in samples:
         producer.send(name, key=shard_key(s["job"], s["node"], SHARDS).encode(),

@@ -6,6 +6,7 @@ finds the silent node (issue #46)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from typing import Any
@@ -45,6 +46,21 @@ class _Store(DictTable):
         self.deadletters.append(value)
 
 
+class _Topics:
+    """Messages as Faust delivers them, each topic's offsets counting on from 0."""
+
+    def __init__(self) -> None:
+        self.offset = {"samples": 0, "summaries": 0}
+
+    def __call__(self, topic: str, items: list[tuple[bytes, bytes]]) -> list[FakeDelivered]:
+        out = []
+        for key, value in items:
+            out.append(FakeDelivered(value, FakeMessage(key, topic, 0, self.offset[topic],
+                                                        None)))
+            self.offset[topic] += 1
+        return out
+
+
 def test_a_silent_shard_is_sealed_by_the_jobs_watermark_and_its_node_found_silent() -> None:
     assert len({shard_of(n, SHARDS) for n in NAMES}) == SHARDS
     cluster = Cluster([JobSpec("fb", NAMES)], [Fault("node_silent", "fb", NAMES[0], None,
@@ -60,14 +76,7 @@ def test_a_silent_shard_is_sealed_by_the_jobs_watermark_and_its_node_found_silen
         stage1.jobclocks.take(value)  # every stage-1 worker reads the topic
 
     stage2 = Stage2Processor(cfg, WorkerMetrics(), two, two, "s2", send_jobclock)
-    offset = {"samples": 0, "summaries": 0}
-
-    def deliver(topic: str, items: list[tuple[bytes, bytes]]) -> list[FakeDelivered]:
-        out = []
-        for key, value in items:
-            out.append(FakeDelivered(value, FakeMessage(key, topic, 0, offset[topic], None)))
-            offset[topic] += 1
-        return out
+    deliver = _Topics()
 
     async def run() -> None:
         for i in range(0, len(samples), 20):
@@ -109,3 +118,67 @@ def test_the_feed_keeps_each_jobs_newest_clock_and_counts_what_it_refuses() -> N
     assert held is not None and held["next_bin"] == 20
     assert feed.take(_clock(3, 1.0, shards=4)) is not None  # the job's count changed
     assert feed.get("missing") is None
+
+
+def _at(moment: float, partition: int) -> float:
+    return moment
+
+
+def _restarted_run(revive: bool) -> tuple[list[tuple[str, str]], float, list[str]]:
+    """The silent-node job through both stages, stage 1 handed over at 80 s (its
+    shards checkpointed, a new processor on the same table): the silent node's
+    shard has no sample after that to make it live again."""
+    cluster = Cluster([JobSpec("fb", NAMES)], [Fault("node_silent", "fb", NAMES[0], None,
+                                                     START + 40)])
+    samples = list(Simulator(cluster, START, seed=2).samples(160))
+    cfg = Config()
+    one, two = _Store(), _Store()
+    stages = [Stage1Processor(cfg, WorkerMetrics(), one, one, "s1")]
+    clocks: list[bytes] = []
+
+    async def send_jobclock(key: bytes, value: bytes) -> None:
+        clocks.append(value)
+        stages[-1].jobclocks.take(value)
+
+    stage2 = Stage2Processor(cfg, WorkerMetrics(), two, two, "s2", send_jobclock)
+    deliver = _Topics()
+    revived: list[str] = []
+
+    async def nothing() -> None:
+        return None
+
+    async def run() -> None:
+        handed_over = False
+        for i in range(0, len(samples), 20):
+            batch = samples[i:i + 20]
+            if not handed_over and batch[0]["ts"] >= START + 80:
+                await stages[-1].on_revoked(nothing, nothing)  # checkpoints every shard
+                stages.append(Stage1Processor(cfg, WorkerMetrics(), one, one, "s1b"))
+                stages[-1].jobclocks.take(clocks[-1])  # the compacted topic, read whole
+                handed_over = True
+            stage1 = stages[-1]
+            await stage1.handle(deliver("samples", [
+                (shard_key("fb", s["node"], SHARDS).encode(), encode_sample(s))
+                for s in batch]))
+            now = time.monotonic()
+            read_whole = functools.partial(_at, now + 30)  # partition 0 wholly read since
+            if revive:
+                revived.extend(await stage1.revive_stalling({0}, read_whole, now))
+            await stage1.seal_by_jobclock(now + 60, read_whole)
+            sent, one.summaries = one.summaries, []
+            await stage2.handle(deliver("summaries", [(b"fb", v) for v in sent]))
+
+    asyncio.run(run())
+    assert two.deadletters == [] and one.deadletters == []
+    found = [(d["kind"], d["node"]) for d in two.detections if d["state"] == "firing"]
+    evaluated = stage2.live["fb"].engine.next_bin * 5.0  # type: ignore[attr-defined]
+    return found, evaluated, revived
+
+
+def test_a_silent_shard_a_restart_left_behind_is_revived_and_its_job_goes_on() -> None:
+    stalled, stalled_at, _ = _restarted_run(revive=False)
+    assert stalled_at < START + 90, "without revival the silent shard stalls its job"
+    found, evaluated, revived = _restarted_run(revive=True)
+    assert revived == [shard_key("fb", NAMES[0], SHARDS)]
+    assert found == [("node_silent", NAMES[0])]
+    assert evaluated > START + 140, "stage 2 must not stall on the silent shard"
