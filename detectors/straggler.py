@@ -118,7 +118,9 @@ for 20 s, took 30 s and missed 15 %). It is a straggler node, ``host_bound: true
 sixth of a second also reads low, bin after bin, on a healthy node whose agent's
 tick keeps step with the job's gap: so the idle time is a finding only beside a
 power deficit that has passed its own test (``quiet``: the node idles where its
-peers spin, and power is averaged over the sample). Only nodes: one GPU's ``gpu_util`` is
+peers spin, and power is averaged over the sample) and began to rise with it, at
+most ``CORROBORATION_SECONDS`` before (a deficit an hour old is the node's own
+drift, such as a pipeline stage's share of the work). Only nodes: one GPU's ``gpu_util`` is
 coarse (NVML samples it over 1/6 s to 1 s; the foreign generator's 1 s readings of
 a healthy GPU jump between 0 and 100 %), and tested per GPU it raised a hundred and
 fifty false stragglers on the foreign traces; a node's median GPU, against the
@@ -202,6 +204,9 @@ IDLE = 0.1  # a job whose busiest GPU is below this SM activity is not compared
 TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its level
 SETTLE_BINS = 16  # compared bins before the job counts as settled
 EVEN_LOAD_Z = 3.0  # a work deficit this many load-noise units: slower, not colder
+# a host-bound node's power deficit began to rise at most this long before its idle
+# time did (both start with the fault; an older one is the node's own drift)
+CORROBORATION_SECONDS = 300.0
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
 STATE_VERSION = 13  # the memory layout of the sequential test
@@ -310,7 +315,8 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     job_gpus = len(view.gpus)
     flagged_nodes = set()
     for node, found in sorted(nodes.found.items()):
-        devs = _corroborated(found, node in quiet.found)
+        devs = _corroborated(found, quiet.found.get(node, []),
+                             int(CORROBORATION_SECONDS / view.bin_seconds))
         if not devs:
             continue
         flagged_nodes.add(node)
@@ -322,10 +328,18 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     return findings
 
 
-def _corroborated(devs: list[Departure], quiet: bool) -> list[Departure]:
+def _corroborated(devs: list[Departure], quiet: list[Departure],
+                  within_bins: int) -> list[Departure]:
     """A node's departures that make a finding: idle time counts only beside a power
-    deficit that passed its own test (``quiet``; see ``_readings``)."""
-    return [d for d in devs if quiet or d.metric != "idle"]
+    deficit that passed its own test (``quiet``; see ``_readings``) and began to
+    rise with it, no more than ``within_bins`` before the idle time did. What a
+    host holds back starts both at once; a power deficit that has built up for an
+    hour is the node's own drift (a pipeline stage whose share of the work
+    creeps), and the fleet soak's one false alarm paired such a deficit, rising
+    since t+780 s, with a minute of last-period utilisation aliased on the job's
+    gap at t+3,425 s."""
+    return [d for d in devs if d.metric != "idle"
+            or any(q.first >= d.first - within_bins for q in quiet)]
 
 
 def memory_state(memory: dict[str, Any]) -> dict[str, Any]:

@@ -20,26 +20,30 @@ START = 1_000_000.0
 FROM = START + 120.0  # after the job has settled
 
 
-def _edited(util: float, power: Callable[[int], float], seed: int
-            ) -> Iterator[dict[str, Any]]:
-    """A healthy 6-node job in which, from FROM, node n3's GPUs read ``util`` of
-    their ``gpu_util``, ``power(bin)`` of their power, and fewer SMs resident per
-    unit of work than their peers (as if they did not spin in the collective)."""
+def _edited(util: float, power: Callable[[int], float], seed: int,
+            util_from: float = FROM) -> Iterator[dict[str, Any]]:
+    """A healthy 6-node job in which, from FROM, node n3's GPUs read ``power(bin)``
+    of their power, and from ``util_from`` ``util`` of their ``gpu_util`` and fewer
+    SMs resident per unit of work than their peers (as if they did not spin in the
+    collective)."""
     job = JobSpec("job-h", [f"n{i}" for i in range(6)])
     for s in Simulator(Cluster([job]), START, seed=seed).samples(900):
         if s["node"] == "n3" and s["ts"] >= FROM:
             s = copy.deepcopy(s)
             share = power(int(s["ts"] // 5))
+            idle = s["ts"] >= util_from
             for r in s["gpus"].values():
-                r["gpu_util"] = round(r["gpu_util"] * util, 2)
                 r["power"] *= share
-                r["sm_active"] *= 0.97
+                if idle:
+                    r["gpu_util"] = round(r["gpu_util"] * util, 2)
+                    r["sm_active"] *= 0.97
         yield s
 
 
-def _firing(util: float, power: Callable[[int], float], seed: int) -> list[dict[str, Any]]:
+def _firing(util: float, power: Callable[[int], float], seed: int,
+            util_from: float = FROM) -> list[dict[str, Any]]:
     runner = ReplayRunner(DetectConfig())
-    return [d for s in _edited(util, power, seed) for d in runner.feed(s)
+    return [d for s in _edited(util, power, seed, util_from) for d in runner.feed(s)
             if d["state"] == "firing"]
 
 
@@ -57,3 +61,14 @@ def test_low_utilisation_with_less_power_is_a_host_bound_node() -> None:
     assert [(d["kind"], d["node"], d["gpu"]) for d in found] == [("straggler", "n3", None)]
     assert found[0]["evidence"]["host_bound"] is True
     assert found[0]["detected_at"] - FROM <= 60
+
+
+def test_a_power_deficit_that_began_long_before_the_idle_time_corroborates_nothing() -> None:
+    """The node draws 10 % less from FROM (a pipeline stage whose share drifted) and
+    reads low utilisation only 480 s later (its read instant aliased on the job's
+    gap): the two did not begin together, so no host holds it back (the fleet
+    soak's one false alarm). Begun 180 s apart, they did."""
+    late = _firing(0.75, lambda _: 0.9, 1, util_from=FROM + 480)
+    assert [d for d in late if d["kind"] == "straggler"] == []
+    soon = _firing(0.75, lambda _: 0.9, 1, util_from=FROM + 180)
+    assert [(d["kind"], d["node"]) for d in soon] == [("straggler", "n3")]
