@@ -66,9 +66,8 @@ class Stage1Processor(BatchProcessor):
         self.summaries_sent = 0
         self.jobclocks = JobClockFeed()  # each job's newest clock from stage 2
         # checkpointed shards not live, as revive_stalling weighs them (read once an
-        # assignment), and those it revived
+        # assignment; a revived one is live, and live until the next handover)
         self._dormant: dict[str, tuple[frozenset[int], str, int, float | None]] = {}
-        self._settled: set[str] = set()
 
     def route(self, sample: Sample, msg: Message) -> str:
         """The shard's key, ``job#k/K`` as the agent keyed it (``job`` alone: one
@@ -185,7 +184,7 @@ class Stage1Processor(BatchProcessor):
         async with self._lock:
             for raw in list(self.checkpoints.keys()):
                 key = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-                if key in self.live or key in self._settled:
+                if key in self.live:
                     continue
                 dormant = self._dormant.get(key)
                 if dormant is None:
@@ -202,7 +201,6 @@ class Stage1Processor(BatchProcessor):
                     continue
                 self.engine_for(key)
                 self.last_batch[key] = now
-                self._settled.add(key)
                 revived.append(key)
         return revived
 
@@ -212,7 +210,6 @@ class Stage1Processor(BatchProcessor):
         after the next assignment."""
         await super().on_revoked(flush, commit_processed)
         self._dormant.clear()
-        self._settled.clear()
 
     def _wholly_read(self, key: str, last: float,
                      handled_as_of: Callable[[int], float | None] | None) -> bool:
