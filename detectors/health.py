@@ -14,7 +14,7 @@
   could pass for silence: each node's cadence is learned on its own clock (its
   typical interval, and its ticks due against those that arrived, so its loss rate),
   and its silence threshold rises to the gap its own losses would reach by chance
-  once in a million samples (at most ``MAX_SILENT_TICKS`` ticks). A node's silence is
+  once in ten million samples (at most ``MAX_SILENT_TICKS`` ticks). A node's silence is
   judged only once its samples are on the job's clock (``detectors/clocks.py``): the
   first sample of a node whose clock is 30 s off, before its offset is known, says
   nothing about when it was taken.
@@ -70,9 +70,15 @@ REMAP_EVENTS: dict[str, tuple[str, str, str]] = {
 }
 CADENCE_GAP_CAP = 60.0  # a longer gap (a pause, a restart) teaches a node's cadence no more
 MAX_SILENT_SECONDS = 120.0  # however lossy its path, a node this quiet is silent
-# of a node's own interval: a path losing 5 % of samples misses four ticks in a row
-# once in 160,000
-SILENT_TICKS = 4.5
+# ticks a node's path may miss in a row before it counts as silent, at the least: a
+# path losing 5 % of samples misses four in a row once in 160,000
+SILENT_MISSES = 4
+# the gap after m missed ticks is m + 1 intervals; half an interval more absorbs a
+# read late by its jitter (up to a tenth of the tick either way) and an interval
+# learned from the node's shortest gaps (a low quantile: 14 % short at that jitter).
+# Without it, at 4.5 intervals, three missed ticks of a 30 s agent at 10 % jitter
+# passed for silence (envelope fleet soak: 126 s, once an hour on a 4.5 % path)
+TICK_MARGIN = 1.5
 # ... and however lossy its path, silent after this many of its ticks: a path losing
 # 40 % of them misses 16 in a row once in 2.3 million ticks (10, as before, was once in
 # 9,500: a 13 s agent losing 40 % fell silent for 132 s within the hour)
@@ -89,8 +95,10 @@ class HealthParams:
     missing_gpu_seconds: float = 10.0
     silent_seconds: float = 8.0
     hold_seconds: float = 300.0
-    # a live node's gap passes its silence threshold by chance this rarely per sample
-    silent_by_chance: float = 1e-6
+    # a live node's path misses the ticks its silence threshold allows by chance this
+    # rarely per sample (a fleet of 12,500 nodes at a 1 s tick sends 45 million
+    # samples an hour: one in a million was 45 false silences an hour)
+    silent_by_chance: float = 1e-7
 
 
 def classify_xid(code: int) -> tuple[str, str, str]:
@@ -155,10 +163,11 @@ class HealthMonitor:
 
     def silence_after(self, node: str) -> float:
         """Seconds without a sample after which ``node`` counts as silent: at least
-        ``silent_seconds`` and ``SILENT_TICKS`` of its own interval (an agent may
-        tick every 30 s, as dcgm-exporter's default scrape does), more where its
-        path is seen to lose more samples (enough ticks in a row that its loss, as
-        counted, misses them by chance once in ``1 / silent_by_chance``), at most
+        ``silent_seconds`` and ``SILENT_MISSES`` of its own ticks missed in a row (an
+        agent may tick every 30 s, as dcgm-exporter's default scrape does), more
+        where its path is seen to lose more samples (enough ticks in a row that its
+        loss, as counted, misses them by chance once in ``1 / silent_by_chance``),
+        each plus ``TICK_MARGIN`` intervals, at most
         ``MAX_SILENT_SECONDS`` or ``MAX_SILENT_TICKS`` of its ticks, whichever is
         longer. Its loss is the Bayesian mean of its counts under a uniform-ish prior
         (Jeffreys: half a loss in one tick), so a node heard a few times without loss
@@ -175,11 +184,12 @@ class HealthMonitor:
         # a node's interval, learned from its shortest gaps, is at least the job's:
         # two samples close together (a retry, a reordered pair) do not shorten it
         interval = max(interval, typical)
-        base = max(self.p.silent_seconds, SILENT_TICKS * interval)
+        base = max(self.p.silent_seconds, (SILENT_MISSES + TICK_MARGIN) * interval)
         if interval <= 0:
             return base
         lost = min((ticks - arrived + 0.5) / (ticks + 1.0), 0.99)
-        by_chance = interval * math.log(self.p.silent_by_chance) / math.log(lost)
+        misses = math.log(self.p.silent_by_chance) / math.log(lost)
+        by_chance = (misses + TICK_MARGIN) * interval
         return min(max(base, by_chance), max(MAX_SILENT_SECONDS, MAX_SILENT_TICKS * interval))
 
     def forget_node(self, node: str) -> None:

@@ -23,9 +23,17 @@ How a departure is told from normal variation:
   window: a lost sample at a 30 s tick) is held as it was, and forgotten after
   ``STREAM_MEMORY_SECONDS``.
 - *Static differences* are learned as each stream's offset: a plain mean over its
-  first ``TRAINING_BINS`` comparable bins, then a slow moving average while the
-  stream is quiet. The test may cap the offset it uses (GPUs: 10 % of the peers'
-  level), so a GPU already slow when Vigil first sees it is not learned as normal.
+  first ``TRAINING_BINS`` comparable bins (a moving average of about as many
+  while the stream is younger than ``TRAINING_SECONDS``: a warm-up is forgotten),
+  then a slow moving average while the stream is quiet. The test may cap the
+  offset it uses (GPUs: 10 % of the peers' level), so a GPU already slow when
+  Vigil first sees it is not learned as normal. Only streams tested against a cap
+  train for ``TRAINING_SECONDS``: one without is not tested while it trains.
+- A reading that jumps by nature (``MetricSpec.jumps_are_noise``: a node's
+  last-period utilisation catches the step's gap or misses it) has its noise taken
+  as the standard deviation of the level's readings but the one furthest out
+  (their median spread is 0 when most read none), and learns its own noise from
+  its jumps.
   While a stream trains, its offset is not known yet, but the test will never use
   more than the cap: so it is tested from its first bin as if its offset were the
   cap. A departure beyond the cap is a fault whatever the stream goes on to learn,
@@ -50,6 +58,9 @@ from vigil_gpu_monitor.detectors.sequential import Cusum, cusum_step
 OFFSET_TIME_CONSTANT = 600.0  # seconds: how slowly a stream's own offset adapts
 OFFSET_WARMUP_UPDATES = 24  # plain running mean until a stream has this many updates
 TRAINING_BINS = 12  # a stream's first compared bins teach its normal (tested against a cap)
+# ... and at least its first this many seconds: a job's warm-up (20-60 s of uneven work,
+# clocks settling under the power cap) must not be all a stream learns its normal from
+TRAINING_SECONDS = 120.0
 NOISE_TIME_CONSTANT = 60.0  # seconds: the smoothing of the level-wide noise estimate
 VARIANCE_TIME_CONSTANT = 180.0  # seconds: a stream's own variance and autocorrelation
 VARIANCE_PRIOR = 4  # bins: a stream's own variance starts from zero with this weight
@@ -77,6 +88,10 @@ class MetricSpec:
     # the least offset the test uses: 0 where a stream learned to sit below its peers
     # must not lower its own bar (a reading level with its peers is never a departure)
     offset_floor: float = -np.inf
+    # per metric: whether its own noise is learned from every calm bin, not only from
+    # those within ``ORDINARY`` of its noise units (a reading bimodal by nature, whose
+    # jumps are its noise); None: none is
+    jumps_are_noise: tuple[bool, ...] | None = None
 
 
 @dataclass
@@ -245,6 +260,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     departure = np.where(valid, deviation - f[OFF], np.nan)
     offset = np.fmax(f[OFF], spec.offset_floor)
     beyond = np.zeros(n, dtype=bool)  # learned further off than the cap
+    capped_level: NDArray[np.bool_] = np.zeros(n, dtype=bool)  # tested against a cap
     early = np.full(departure.shape, np.nan)  # a training stream's residual to the cap
     training: NDArray[np.bool_] = count < TRAINING_BINS  # its offset not known yet
     if any(np.isfinite(c.level.cap) for c in live):
@@ -253,6 +269,7 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
                          for c in live])
         offset = np.clip(offset, -bound, bound)
         beyond = (np.abs(f[OFF]) > bound).any(axis=0)
+        capped_level = np.asarray(np.isfinite(bound).any(axis=0), dtype=bool)
         # what it learns can lower its bar at most to the cap: tested against that
         capped = valid & training & np.isfinite(bound)
         early = np.where(capped, deviation - spec.direction[:, None] * bound, np.nan)
@@ -303,9 +320,12 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
             # noise: a stall whose first bins the gate kept from counting (not busier
             # yet) was learned as variance, and its evidence shrank as it lasted
             ordinary = np.abs(departure) <= ORDINARY * scale  # NaN: False
+        if spec.jumps_are_noise is not None:
+            ordinary |= np.array(spec.jumps_are_noise)[:, None]
         count = _learn(f, count, valid, np.clip(departure, -HUBER * job_sigma,
                                                 HUBER * job_sigma),
-            training | (evidence <= 2 * k), (evidence < h / 4) & ordinary, bin_seconds)
+            training | (evidence <= 2 * k), (evidence < h / 4) & ordinary, bin_seconds,
+            young=capped_level & ((last - born) * bin_seconds < TRAINING_SECONDS))
     table = np.concatenate([f.transpose(2, 0, 1).reshape(n, -1), count[:, None],
                             born[:, None], np.full((n, 1), float(last))], axis=1)
     decided = _Decided(f, z, h, spec)
@@ -364,6 +384,12 @@ def _noise(residual: Array, peer_level: Array, spec: MetricSpec, comparable: boo
     floor = np.fmax(spec.floors, REL_FLOOR * zero_nan(level))
     spread = np.full(len(spec.names), np.nan) if unread else nanmedian(
         np.abs(residual - nanmedian(residual, axis=1)[:, None]), axis=1) * MAD_TO_SIGMA
+    if spec.jumps_are_noise is not None and not unread:
+        # a reading that jumps (most streams level, a few off by a step's gap) has no
+        # median spread: its noise is the standard deviation of the level's readings
+        # but the one furthest out (a stream off on its own must not hide in it)
+        jumps = np.array(spec.jumps_are_noise)
+        spread = np.where(jumps, np.fmax(spread, _spread_but_one(residual)), spread)
     known = np.array([np.nan if v is None else v
                       for v in noise.get("sigma", [None] * len(spec.names))])
     if comparable:
@@ -372,6 +398,20 @@ def _noise(residual: Array, peer_level: Array, spec: MetricSpec, comparable: boo
                          np.where(np.isnan(spread), known, known + a * (spread - known)))
         noise["sigma"] = [v if v == v else None for v in known.tolist()]  # NaN: None
     return zero_nan(known), floor
+
+
+def _spread_but_one(residual: Array) -> Array:
+    """Per metric (row): the standard deviation of the readings less the one furthest
+    from their median (NaN where fewer than three are read)."""
+    with np.errstate(invalid="ignore"):
+        far = np.abs(residual - nanmedian(residual, axis=1)[:, None])
+        out = np.full(residual.shape[0], np.nan)
+        for m in range(residual.shape[0]):
+            row = residual[m][~np.isnan(residual[m])]
+            if row.size >= 3:
+                out[m] = float(np.std(np.delete(row, int(np.nanargmax(far[m][~np.isnan(
+                    residual[m])]))), ddof=1))
+    return out
 
 
 def _persistence(f: Array) -> Array:
@@ -386,8 +426,18 @@ def _persistence(f: Array) -> Array:
 
 
 def _learn(f: Array, count: Array, valid: NDArray[np.bool_], residual: Array,
-           quiet: Array, calm: Array, bin_seconds: float) -> Array:
+           quiet: Array, calm: Array, bin_seconds: float,
+           young: NDArray[np.bool_] | None = None) -> Array:
     """What a stream learns from this bin; returns the new update counts.
+
+    A ``young`` stream (first seen less than ``TRAINING_SECONDS`` ago) stays in
+    training whatever its count: its count stops one short of ``TRAINING_BINS``,
+    so its offset is then a moving average of its last ``TRAINING_BINS`` bins or
+    so, which forgets the job's warm-up. Learned as a plain mean of its first
+    bins, a warm-up's uneven work left a GPU 6 % slower than its peers from the
+    start with an offset of 2.3 %, and the rest summed to a false straggler
+    within minutes, again and again through the job (the envelope's fleet soak:
+    15 of its 23 false alarms).
 
     - Its *offset* moves towards its departure while it is ``quiet`` (its sums held
       no more than one bin of modest evidence before this bin: judged on the past
@@ -415,6 +465,8 @@ def _learn(f: Array, count: Array, valid: NDArray[np.bool_], residual: Array,
     """
     learn = quiet & np.any(valid, axis=0)
     new_count = np.where(learn, count + 1, count)
+    if young is not None:
+        new_count = np.where(young, np.minimum(new_count, TRAINING_BINS - 1), new_count)
     a = np.where(new_count <= OFFSET_WARMUP_UPDATES, 1.0 / np.maximum(new_count, 1),
                  min(1.0, bin_seconds / OFFSET_TIME_CONSTANT))
     moved = f[OFF] + a * np.where(valid, zero_nan(residual), 0.0)

@@ -189,7 +189,10 @@ STATS = ("slowness", "load", "clock", "idle")
 SLOW_STATS = frozenset({"slowness", "clock"})  # either passing: a slower GPU or node
 SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR, IDLE_FLOOR]),
                   np.array([1.0, 1.0, 1.0, 1.0]),
-                  -1, min_metrics=1, offset_floor=0.0)
+                  -1, min_metrics=1, offset_floor=0.0,
+                  # NVML's last-period utilisation catches a step's gap or misses it:
+                  # a node's idle reading jumps by nature, and its jumps are its noise
+                  jumps_are_noise=tuple(s == "idle" for s in STATS))
 # "quiet": a node's power below the job's, in its own test (``quiet_test``). Alone it
 # decides nothing (less work, a cooler rack); it is the idle statistic's second,
 # independent witness.

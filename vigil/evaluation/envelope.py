@@ -32,7 +32,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from vigil_gpu_monitor.detectors.peer_streams import TRAINING_BINS
+from vigil_gpu_monitor.detectors.peer_streams import TRAINING_BINS, TRAINING_SECONDS
 from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec
 from vigil_gpu_monitor.simulator.envelope import Envelope, draw
 from vigil_gpu_monitor.vigil.evaluation.scenarios import Scenario
@@ -46,8 +46,9 @@ FIND_WITHIN = 240.0  # a small stall's deadline (issue #45): watched this long p
 # checkpoint (105 s) and as many readings as a GPU's stream trains on, at the drawn
 # tick. One that starts earlier is, to every counter, a GPU born that much slower
 # than its peers: silicon spread, which the test allows up to its cap (10 %), so it
-# is found only beyond the cap (``detectors/peer_streams.py``). At a 1 s tick this
-# is 150 s as before; at 30 s, 555 s.
+# is found only beyond the cap (``detectors/peer_streams.py``). A stream also
+# trains for its first ``TRAINING_SECONDS``: the stall starts three ticks after
+# that too. At a 1 s tick this is 150 s; at 30 s, 555 s.
 SEEN_HEALTHY_AFTER = 105.0
 SEEN_HEALTHY_TICKS = TRAINING_BINS + 3
 SMALL_STALL = 1.15  # the top of the small stalls' band
@@ -129,7 +130,8 @@ def _slow(kinds: tuple[str, ...], low: float, high: float,
         node, gpu = rng.choice(job.nodes), str(rng.randrange(job.gpus_per_node))
         # a small stall starts once the GPU was seen healthy (SEEN_HEALTHY_TICKS)
         at = (FAULT_AT if high > SMALL_STALL else
-              max(FAULT_AT, SEEN_HEALTHY_AFTER + SEEN_HEALTHY_TICKS * env.tick))
+              max(FAULT_AT, SEEN_HEALTHY_AFTER + SEEN_HEALTHY_TICKS * env.tick,
+                  TRAINING_SECONDS + 3 * env.tick))
         return job, [Fault(rng.choice(faults), name, node, gpu, START + at,
                            severity=rng.uniform(low, high))], {}
     return build
