@@ -27,6 +27,10 @@ T0 = 1_870_500_000.0
 # the bins a GPU's stream trains for at 5 s bins (its first TRAINING_BINS, and at
 # least its first TRAINING_SECONDS)
 TRAINED = max(TRAINING_BINS, int(TRAINING_SECONDS / 5.0) + 1)
+# each GPU's slowness against its node's, tested as the straggler test does at 5 s bins
+GPU_TEST = Cusum.for_rate(1.0, 5.0)
+SLOWNESS = MetricSpec(("slowness",), np.array([0.025]), np.array([1.0]), -1, min_metrics=1,
+                      offset_floor=0.0)
 
 
 def _first_alarm(test: Cusum, z: np.ndarray) -> int | None:
@@ -117,9 +121,7 @@ def test_a_gpu_slow_from_its_first_bin_is_tested_against_the_cap_while_it_trains
     bin; a peer with a static offset within the cap adds no evidence while it trains,
     and one just beyond it next to none."""
     keys = [f"g{i}" for i in range(8)]
-    test = Cusum.for_rate(1.0, 5.0)
-    spec = MetricSpec(("slowness",), np.array([0.025]), np.array([1.0]), -1, min_metrics=1,
-                      offset_floor=0.0)
+    test, spec = GPU_TEST, SLOWNESS
     table, noise = StreamTable.load(None), {}  # type: ignore[var-annotated]
     rng = np.random.default_rng(3)
     found: dict[str, int] = {}
@@ -161,9 +163,7 @@ def test_a_stream_out_of_its_level_for_a_while_keeps_what_it_learned() -> None:
     stall that had begun meanwhile was learned as the GPU's normal). A stream absent
     for ``STREAM_MEMORY_SECONDS`` is forgotten: the table stays bounded."""
     keys = [f"g{i}" for i in range(6)]
-    test = Cusum.for_rate(1.0, 5.0)
-    spec = MetricSpec(("slowness",), np.array([0.025]), np.array([1.0]), -1, min_metrics=1,
-                      offset_floor=0.0)
+    test, spec = GPU_TEST, SLOWNESS
     table, noise = StreamTable.load(None), {}  # type: ignore[var-annotated]
     rng = np.random.default_rng(5)
 
@@ -200,9 +200,7 @@ def test_a_shift_the_gate_held_back_is_not_learned_as_the_streams_own_noise() ->
     tensor-parallel GPU was never found. It is found once the gate opens; a peer
     with noise alone is not."""
     keys = [f"g{i}" for i in range(8)]
-    test = Cusum.for_rate(1.0, 5.0)
-    spec = MetricSpec(("slowness",), np.array([0.025]), np.array([1.0]), -1, min_metrics=1,
-                      offset_floor=0.0)
+    test, spec = GPU_TEST, SLOWNESS
     table, noise = StreamTable.load(None), {}  # type: ignore[var-annotated]
     rng = np.random.default_rng(11)
     onset, opens = 3 * TRAINED, 3 * TRAINED + 12
@@ -227,9 +225,7 @@ def test_a_bin_without_a_reading_holds_the_sums_whatever_the_gate() -> None:
     the gate's ``fmin(NaN, 0)`` made its missing reading a zero, and each empty bin
     took ``k`` off the evidence, so a 12 % stall at a 15-30 s tick was never found."""
     keys = [f"g{i}" for i in range(8)]
-    test = Cusum.for_rate(1.0, 5.0)
-    spec = MetricSpec(("slowness",), np.array([0.025]), np.array([1.0]), -1, min_metrics=1,
-                      offset_floor=0.0)
+    test, spec = GPU_TEST, SLOWNESS
     table, noise = StreamTable.load(None), {}  # type: ignore[var-annotated]
     rng = np.random.default_rng(2)
     for b in range(3 * TRAINED):
@@ -257,9 +253,7 @@ def test_a_gpus_normal_is_learned_after_the_jobs_warm_up() -> None:
     straggler again and again (the envelope's fleet soak, a 64-node pipeline job).
     A stall of 12 % that starts once it has trained is still found."""
     keys = [f"g{i}" for i in range(8)]
-    test = Cusum.for_rate(1.0, 5.0)
-    spec = MetricSpec(("slowness",), np.array([0.025]), np.array([1.0]), -1, min_metrics=1,
-                      offset_floor=0.0)
+    test, spec = GPU_TEST, SLOWNESS
     table, noise = StreamTable.load(None), {}  # type: ignore[var-annotated]
     rng = np.random.default_rng(11)
     warm_up, stall_at = 8, 600
