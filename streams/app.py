@@ -57,6 +57,9 @@ from vigil_gpu_monitor.streams.processor import BatchProcessor
 
 log = logging.getLogger(__name__)
 QUIET_CHECKPOINT_SECONDS = 2.0  # a job with no batch this long is checkpointed
+# ... and one with none this long (a job that ended) is dropped from memory: it comes
+# back from its checkpoint if it sends again
+IDLE_EVICT_SECONDS = 900.0
 NEW_JOB_WAIT_SECONDS = 3.0  # a job new to this worker: its samples wait this for timings
 CHANGELOG_MAX_BYTES = 32 << 20
 
@@ -209,6 +212,7 @@ def wire_processor(app: faust.App, cfg: Config, metrics: WorkerMetrics,
         # a job that stopped sending must not hold the commit back (commit_floor), nor
         # wait on for a topic it no longer sends (streams.align)
         processor.checkpoint_quiet(QUIET_CHECKPOINT_SECONDS)
+        processor.evict_idle(IDLE_EVICT_SECONDS)
         try:
             await processor.release_waiting()
         except Exception:  # an exception in a Faust timer ends the worker: count, log

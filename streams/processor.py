@@ -195,6 +195,35 @@ class BatchProcessor:
                 written += 1
         return written
 
+    def evict_idle(self, idle_seconds: float, now: float | None = None) -> int:
+        """Drop the live engine of every job that has had no batch for
+        ``idle_seconds``: a job that ended would otherwise keep its engine (its
+        window and learned streams, 5-10 KB a GPU) for as long as the worker
+        runs, and a worker that watches a fleet's jobs come and go would grow
+        without bound. Each is checkpointed first, so nothing it folded in is lost,
+        and a job that sends again comes back from that checkpoint, as it does
+        after a handover (crash equals replay covers that path). Never one whose
+        batch is under way, nor one with messages waiting in its aligner. Returns
+        how many were dropped."""
+        now = time.monotonic() if now is None else now
+        idle = [job for job, engine in self.live.items()
+                if job != self.in_batch and now - self.last_batch.get(job, now) >= idle_seconds
+                and not (job in self.aligners and self.aligners[job].held)]
+        for job in idle:
+            self.checkpoint(self.live.pop(job))
+            self.forget(job)
+        if idle:
+            self.metrics.jobs.set(len(self.live))
+        return len(idle)
+
+    def forget(self, job: str) -> None:
+        """What the worker keeps of a job besides its engine (dropped with it)."""
+        self.aligners.pop(job, None)
+        self.folded.pop(job, None)
+        self.since_checkpoint.pop(job, None)
+        self.last_batch.pop(job, None)
+        self.heat_due.discard(job)
+
     def commit_floor(self, tp: TP) -> int | None:
         """The lowest offset of ``tp`` (topic, partition) some engine folded in but has
         not checkpointed, or some job holds waiting for the other topic (None: none):

@@ -204,6 +204,12 @@ class Stage1Processor(BatchProcessor):
                 revived.append(key)
         return revived
 
+    def forget(self, job: str) -> None:
+        """As every worker's, and a dropped shard's checkpoint is weighed afresh if
+        ``revive_stalling`` looks at it (what it read of it before is older)."""
+        super().forget(job)
+        self._dormant.pop(job, None)
+
     async def on_revoked(self, flush: Callable[[], Awaitable[None]],
                          commit_processed: Callable[[], Awaitable[None]]) -> None:
         """As every worker's, and the checkpointed shards weighed are weighed again

@@ -179,6 +179,36 @@ def test_a_job_that_stops_sending_is_checkpointed_so_the_commit_can_catch_up() -
     assert saved == batch[-1].message.offset + 1
 
 
+def test_a_job_idle_long_enough_is_dropped_and_comes_back_from_its_checkpoint() -> None:
+    """A worker that watches jobs come and go must not keep every ended job's engine:
+    one with no batch for the idle time is checkpointed and dropped, with all the
+    worker keeps of it. If the job sends again it comes back from that checkpoint,
+    and its detections are the ones a worker that kept it live sends."""
+    batches = _batches(size=37)
+    kept = _Journal()
+    live = _processor(kept)
+    for batch in batches:
+        asyncio.run(live.handle(batch))
+    journal = _Journal()
+    processor = _processor(journal)
+    half = len(batches) // 2
+    for batch in batches[:half]:
+        asyncio.run(processor.handle(batch))
+    ended = processor.last_batch["proc-job"]
+    assert processor.evict_idle(900.0, now=ended + 899.0) == 0  # not idle long enough
+    assert processor.evict_idle(900.0, now=ended + 900.0) == 1
+    assert not processor.live and not processor.aligners and not processor.last_batch
+    assert processor.commit_floor(("samples", 0)) is None  # all of it is checkpointed
+    for batch in batches[half:]:
+        asyncio.run(processor.handle(batch))
+
+    def sent(j: _Journal) -> list[tuple[str, str, float]]:
+        return [(d["id"], d["state"], d["detected_at"]) for kind, d in j.log
+                if kind == "detection"]
+
+    assert sent(journal) == sent(kept) and sent(kept)
+
+
 def test_with_identity_on_only_proven_samples_reach_the_detectors() -> None:
     """identity.verify: a sample naming a node whose key did not sign it (another
     node's key, none, an unknown key id) is dead-lettered with its reason; the
