@@ -113,10 +113,8 @@ def replay(cfg: Config, args: argparse.Namespace) -> int:
 
     processes = getattr(args, "jobs", 1) or 1
     shards = getattr(args, "shards", 1) or 1
-    if processes > 1 and shards > 1:
-        raise VigilError("--jobs and --shards are not combined yet: use one of them")
     if processes > 1 and args.trace != "-" and not _compressed(args.trace):
-        done = _replay_over_processes(args.trace, args.out, processes, cfg)
+        done = _replay_over_processes(args.trace, args.out, processes, cfg, shards)
         if done:
             return 0
     from vigil_gpu_monitor.vigil.tracefile import read_samples
@@ -153,14 +151,16 @@ def _compressed(trace: str) -> bool:
         return True
 
 
-def _replay_over_processes(trace: str, out_path: str, processes: int, cfg: Config) -> bool:
-    """`vigil replay --jobs N`: the trace's jobs over N processes (``vigil.replay_jobs``).
-    False when the plan did not hold and one process must replay the trace instead."""
+def _replay_over_processes(trace: str, out_path: str, processes: int, cfg: Config,
+                           shards: int = 1) -> bool:
+    """`vigil replay --jobs N [--shards K]`: the trace's jobs over N processes
+    (``vigil.replay_jobs``). False when the plan did not hold and one process must
+    replay the trace instead."""
     from vigil_gpu_monitor.vigil.replay_jobs import replay_jobs
     from vigil_gpu_monitor.vigil.tracefile import skipped_summary
 
     progress = Progress("replay")
-    outcome = replay_jobs(trace, processes, cfg.detect)
+    outcome = replay_jobs(trace, processes, cfg.detect, shards)
     if outcome is None:
         log.warning("%s: the plan over processes did not hold (a line read otherwise "
                     "when decoded whole, or an invalid line moved a node); replaying in "
@@ -173,7 +173,8 @@ def _replay_over_processes(trace: str, out_path: str, processes: int, cfg: Confi
         first = [f"line {n}: {why[:160]}" for n, why in sorted(outcome.invalid.items())]
         skipped_summary(trace, len(outcome.invalid), outcome.lines, first)
     progress.done(f"{outcome.jobs} jobs, {len(outcome.detections)} detections, "
-                  f"{outcome.late} late samples, {processes} processes")
+                  f"{outcome.late} late samples, {processes} processes"
+                  + (f", {shards} shards a job" if shards > 1 else ""))
     return True
 
 

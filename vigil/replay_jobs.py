@@ -187,12 +187,16 @@ def node_moves(plan: Plan, skipped: set[int]) -> list[list[Move]]:
     return moves
 
 
-def replay_part(path: str, plan: Plan, me: int, cfg: DetectConfig) -> PartResult:
-    """Replay process ``me``'s lines of the trace, applying its node moves."""
+def replay_part(path: str, plan: Plan, me: int, cfg: DetectConfig,
+                shards: int = 1) -> PartResult:
+    """Replay process ``me``'s lines of the trace, applying its node moves; each job
+    in one stage, or in ``shards`` stage-1 shards and a stage 2 (``vigil replay
+    --shards``: the same detections)."""
     from vigil_gpu_monitor.detectors.engine import JobEngine
+    from vigil_gpu_monitor.detectors.shard import ShardedJob
     from vigil_gpu_monitor.streams.decode import decode_sample_fast
 
-    engines: dict[str, JobEngine] = {}
+    engines: dict[str, JobEngine | ShardedJob] = {}
     moves = iter(plan.moves[me])
     move = next(moves, None)
     out: list[tuple[int, bytes]] = []
@@ -217,28 +221,33 @@ def replay_part(path: str, plan: Plan, me: int, cfg: DetectConfig) -> PartResult
             break
         engine = engines.get(job)
         if engine is None:
-            engine = engines[job] = JobEngine(job, cfg)
-        for detection in engine.ingest(sample) + engine.advance():
+            engine = engines[job] = (JobEngine(job, cfg) if shards <= 1
+                                     else ShardedJob(job, shards, cfg))
+        found = (engine.ingest(sample) + engine.advance() if isinstance(engine, JobEngine)
+                 else engine.feed(sample))
+        for detection in found:
             out.append((i, encode_detection(detection)))
     return PartResult(out, invalid, misread, len(engines),
-                      sum(e.late for e in engines.values()))
+                      sum(e.late if isinstance(e, JobEngine) else
+                          sum(s.engine.late for s in e.shards) for e in engines.values()))
 
 
-def _child(path: str, plan: Plan, me: int, cfg: DetectConfig,
+def _child(path: str, plan: Plan, me: int, cfg: DetectConfig, shards: int,
            conn: multiprocessing.connection.Connection) -> None:
     try:
-        conn.send(replay_part(path, plan, me, cfg))
+        conn.send(replay_part(path, plan, me, cfg, shards))
     finally:
         conn.close()
 
 
-def run_parts(path: str, plan: Plan, cfg: DetectConfig) -> list[PartResult]:
+def run_parts(path: str, plan: Plan, cfg: DetectConfig, shards: int = 1) -> list[PartResult]:
     """Every process's part, run at once (forked: each inherits the plan)."""
     ctx = multiprocessing.get_context("fork")
     children = []
     for me in range(plan.processes):
         receive, send = ctx.Pipe(duplex=False)
-        child = ctx.Process(target=_child, args=(path, plan, me, cfg, send), daemon=True)
+        child = ctx.Process(target=_child, args=(path, plan, me, cfg, shards, send),
+                            daemon=True)
         child.start()
         send.close()
         children.append((child, receive))
@@ -263,12 +272,14 @@ class Outcome(NamedTuple):
     lines: int  # the trace's lines that were samples or invalid (blank ones not counted)
 
 
-def replay_jobs(path: str, processes: int, cfg: DetectConfig) -> Outcome | None:
-    """The trace's detections from ``processes`` processes; None when the plan did not
-    hold (a line misread, or an invalid line that moved a node), and the trace must be
-    replayed in one process instead."""
+def replay_jobs(path: str, processes: int, cfg: DetectConfig,
+                shards: int = 1) -> Outcome | None:
+    """The trace's detections from ``processes`` processes (each job in ``shards``
+    stage-1 shards and a stage 2 where more than one); None when the plan did not
+    hold (a line misread, or an invalid line that moved a node), and the trace must
+    be replayed in one process instead."""
     plan = make_plan(path, processes, cfg.bin_seconds)
-    parts = run_parts(path, plan, cfg)
+    parts = run_parts(path, plan, cfg, shards)
     found = {line: why for part in parts for line, why in part.invalid.items()}
     if any(part.misread for part in parts) or (
             found and node_moves(plan, {line - 1 for line in found}) != plan.moves):
