@@ -206,7 +206,7 @@ class BatchProcessor:
         batch is under way, nor one with messages waiting in its aligner. Returns
         how many were dropped."""
         now = time.monotonic() if now is None else now
-        idle = [job for job, engine in self.live.items()
+        idle = [job for job in self.live
                 if job != self.in_batch and now - self.last_batch.get(job, now) >= idle_seconds
                 and not (job in self.aligners and self.aligners[job].held)]
         for job in idle:
