@@ -504,6 +504,11 @@ class ShardedJob:
         """The node left the job: its shard forgets it (stage 2 with its next bin)."""
         self.shards[shard_of(node, len(self.shards))].node_left(node)
 
+    @property
+    def late(self) -> int:
+        """Late samples over the job's shards (as ``JobEngine.late``)."""
+        return sum(s.engine.late for s in self.shards)
+
     def _advance(self) -> list[Detection]:
         job = self.stage2.engine
         out: list[Detection] = []
@@ -559,4 +564,4 @@ class ShardedReplayRunner:
 
     def late(self) -> int:
         """Late samples over every job's shards."""
-        return sum(s.engine.late for j in self.jobs.values() for s in j.shards)
+        return sum(j.late for j in self.jobs.values())

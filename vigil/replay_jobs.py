@@ -228,8 +228,7 @@ def replay_part(path: str, plan: Plan, me: int, cfg: DetectConfig,
         for detection in found:
             out.append((i, encode_detection(detection)))
     return PartResult(out, invalid, misread, len(engines),
-                      sum(e.late if isinstance(e, JobEngine) else
-                          sum(s.engine.late for s in e.shards) for e in engines.values()))
+                      sum(e.late for e in engines.values()))
 
 
 def _child(path: str, plan: Plan, me: int, cfg: DetectConfig, shards: int,
