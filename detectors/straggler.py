@@ -205,6 +205,7 @@ LEVEL_TIME_CONSTANT = 600.0  # seconds: how slowly the job's level follows a fal
 RISE = 0.3  # the median GPU this much above the job's level: a new phase (warm-up ended)
 IDLE = 0.1  # a job whose busiest GPU is below this SM activity is not compared
 TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its level
+PEAK_FLOOR = 0.6  # ... nor one whose busiest GPU fell below this share of its usual
 SETTLE_BINS = 16  # compared bins before the job counts as settled
 EVEN_LOAD_Z = 3.0  # a work deficit this many load-noise units: slower, not colder
 # a host-bound node's power deficit began to rise at most this long before its idle
@@ -357,7 +358,18 @@ def memory_state(memory: dict[str, Any]) -> dict[str, Any]:
 def _comparable(sm: Array, last: int, bin_seconds: float, memory: dict[str, Any]) -> bool:
     """Whether the job is in its main phase, where its GPUs are compared: its median
     GPU's SM activity at least ``TYPICAL_FLOOR`` of the job's level, and its busiest
-    GPU not idle.
+    GPU not idle and at least ``PEAK_FLOOR`` of its usual (``peak``, a slow average
+    of the busiest GPU's activity, so one spike does not move it).
+
+    The two floors part a slow part from another phase. A straggler keeps computing
+    all the time, so the job's busiest GPU stays at or above its usual, while its
+    peers wait and the median falls by up to half; a host that delays its node by
+    up to two thirds of a step still leaves the busiest GPU above ``PEAK_FLOOR``.
+    An evaluation pass or a data stall lowers every GPU alike, the busiest too: the
+    fleet soak's last false alarm came from a 76 s evaluation phase whose median
+    read 51 % of the level (inside ``TYPICAL_FLOOR``) and whose busiest GPU read
+    45 % of its usual, where forward passes ran a GPU 5-10 % slower per unit of
+    work than training did.
 
     The level follows a rise at once and a fall slowly (``LEVEL_TIME_CONSTANT``), so
     a checkpoint, an evaluation or a hang, where every GPU idles or does other work,
@@ -374,13 +386,16 @@ def _comparable(sm: Array, last: int, bin_seconds: float, memory: dict[str, Any]
     typical = float(nanmedian(sm.ravel(), axis=0))
     fall = min(1.0, bin_seconds / LEVEL_TIME_CONSTANT)
     level = float(memory.get("level", typical))
+    peak = float(memory.get("peak", busiest))
     rise = typical > level * (1 + RISE)
     if rise:
         for key in ("streams", "compared", "settled_at"):
             memory.pop(key, None)
-        level = typical
+        level, peak = typical, busiest
     memory["level"] = _follow(level, typical, fall)
-    in_phase = not rise and busiest >= IDLE and typical >= level * TYPICAL_FLOOR
+    memory["peak"] = peak + fall * (busiest - peak)
+    in_phase = (not rise and busiest >= IDLE and typical >= level * TYPICAL_FLOOR
+                and busiest >= peak * PEAK_FLOOR)
     # the first bin of a phase is not compared: node clocks a few seconds apart put
     # part of the phase before it into that bin on some nodes
     steady = in_phase and bool(memory.get("in_phase"))

@@ -14,6 +14,7 @@ from vigil_gpu_monitor.detectors.straggler import (
     BASIS_WAIT_BINS,
     GPU_READS,
     STATS,
+    _comparable,
     _even_load,
     _levels,
     _memory_explains,
@@ -136,3 +137,29 @@ def test_idle_time_is_read_for_nodes_against_the_job_never_for_one_gpu() -> None
     # idle time counts only where the node's window averages say it idled too
     assert node.gate[idle].tolist() == [False, False, True, False, False]
     assert not gpu.valid[idle].any()
+
+
+def _sm(typical: float, busiest: float) -> np.ndarray:
+    """A 16-node job's SM activity: every GPU at ``typical``, one at ``busiest``."""
+    sm = np.full((16, 8), typical)
+    sm[3, 7] = busiest
+    return sm
+
+
+def test_a_phase_that_lowers_every_gpu_is_not_compared_and_a_straggler_is() -> None:
+    """Fleet soak job 81 (MoE inside 16 nodes): a 76 s evaluation phase read a median
+    51 % of the job's level, inside the median's floor, and its forward passes ran
+    one GPU 5-10 % slower per unit of work than training did: a false straggler. Its
+    busiest GPU fell as far. A straggler whose peers wait as long keeps computing:
+    the job's busiest GPU stays busy, and the job is compared."""
+    def after_training(typical: float, busiest: float, bins: int = 3) -> list[bool]:
+        memory: dict[str, Any] = {}
+        for k in range(200):
+            _comparable(_sm(0.63, 0.76), k, 5.0, memory)
+        return [_comparable(_sm(typical, busiest), 200 + k, 5.0, memory)
+                for k in range(bins)]
+
+    assert after_training(0.63, 0.76) == [True] * 3
+    assert after_training(0.33, 0.35) == [False] * 3  # evaluation: all lower alike
+    assert after_training(0.33, 0.95) == [True] * 3  # a straggler's peers wait
+    assert after_training(0.45, 0.50) == [True] * 3  # a host holds its node back 50 %
