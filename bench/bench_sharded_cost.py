@@ -54,6 +54,7 @@ from vigil_gpu_monitor.contracts.summary import (  # noqa: E402
 from vigil_gpu_monitor.detectors.engine import ReplayRunner  # noqa: E402
 from vigil_gpu_monitor.detectors.shard import JobStage2, ShardedJob, ShardEngine  # noqa: E402
 from vigil_gpu_monitor.streams.collector import collector_paused  # noqa: E402
+from vigil_gpu_monitor.streams.decode import parse_json_fast  # noqa: E402
 from vigil_gpu_monitor.vigil.commands import trace_samples  # noqa: E402
 
 
@@ -175,7 +176,7 @@ def replay_stage2(rec: Recorded, scale: int, cfg: DetectConfig,
     for raw in cloned(rec, scale):
         t0 = clock()
         with collector_paused() if gc_mode == "pause" else nullcontext():
-            summary = decode_summary(raw)
+            summary = decode_summary(raw, parse_json_fast)
             t1 = clock()
             out.extend(stage2.receive(summary))
             t2 = clock()

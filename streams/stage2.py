@@ -35,6 +35,7 @@ from vigil_gpu_monitor.contracts.summary import decode_summary
 from vigil_gpu_monitor.detectors.shard import JobStage2
 from vigil_gpu_monitor.streams.collector import collector_paused
 from vigil_gpu_monitor.streams.deadletter import deadletter_record
+from vigil_gpu_monitor.streams.decode import parse_json_fast
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import (
     SOURCE_OFFSETS,
@@ -99,7 +100,7 @@ class Stage2Processor(BatchProcessor):
             msg = event.message
             newest_append = max(newest_append, msg.timestamp or 0.0)
             try:
-                summary = decode_summary(event.value)
+                summary = decode_summary(event.value, parse_json_fast)
             except ContractError as exc:
                 await self._refuse_summary(msg, event.value, exc)
                 continue

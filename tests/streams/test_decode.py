@@ -4,14 +4,20 @@ the same sample, the same readings dropped, the same refusal."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.contracts.test_codec import BAD_SAMPLES, SAMPLE, _mutate
-from vigil_gpu_monitor.contracts.codec import ContractError, DroppedReading, decode_sample
-from vigil_gpu_monitor.streams.decode import decode_sample_fast
+from vigil_gpu_monitor.contracts.codec import (
+    ContractError,
+    DroppedReading,
+    decode_sample,
+    parse_json,
+)
+from vigil_gpu_monitor.streams.decode import decode_sample_fast, parse_json_fast
 
 RAW_CASES = [b'{"schema": ', b'{"ts": NaN}', b'{"ts": -Infinity}', b"\xff\xfe", b"[]",
              b"[" * 100000 + b"]" * 100000, b" " * (600 << 10), b'"text"', b"",
@@ -85,3 +91,25 @@ def test_same_result_on_samples_wrong_in_any_field(changes: list[tuple[str, obje
             message = _mutate(message, section, {**message[section], key: {}})
     raw = json.dumps(message).encode()
     assert _outcome(decode_sample_fast, raw) == _outcome(decode_sample, raw)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"a": [1, 2.5, "x", null, true]}', b'"\\ud800"', b'{"a": NaN}', b'{"a": Infinity}',
+    b'{"a": 1e400}', b"{", b"", b"[1,]",
+    '{"a": "é"}'.encode("utf-16"), b'{"a": 1, "a": 2}', b"\xff\xfe", b"[" * 5000 + b"]" * 5000])
+def test_the_fast_parser_accepts_and_refuses_as_the_contracts_does(raw: bytes) -> None:
+    """Stage 2 parses summaries with orjson: what it accepts, and each refusal's
+    reason, must be the contract parser's."""
+    def verdict(parse: Any) -> Any:
+        try:
+            return ("ok", parse(raw))
+        except ContractError as exc:
+            return ("refused", exc.reason)
+    assert verdict(parse_json_fast) == verdict(parse_json)
+
+
+def test_an_integer_beyond_64_bits_is_read_as_its_nearest_float() -> None:
+    """orjson's one difference: such an integer comes out a float (the summary's
+    validator refuses a float wherever it reads an integer)."""
+    raw = b'{"a": 123456789012345678901234567890}'
+    assert parse_json_fast(raw) == {"a": float(parse_json(raw)["a"])}
