@@ -153,61 +153,73 @@ def _fresh(metrics: int) -> tuple[float, ...]:
 
 
 class StreamTable:
-    """One level's streams, live: their keys and one (streams × fields) array, kept
-    from bin to bin. A checkpoint keeps them as a dict of flat lists (``to_state``);
-    converting every stream between the two at every bin cost a quarter of a large
-    job's step (bench/RESULTS.md), so it happens only at a checkpoint and a restore."""
+    """One level's streams, live: their keys and one (fields × streams) array, kept
+    from bin to bin, a field a contiguous row (the test reads and writes whole
+    fields: as (streams × fields) rows, each element was a cache line of its own,
+    and turning them into fields and back cost a third of the pass at 131,072
+    GPUs). A checkpoint keeps them as a dict of flat lists, one a stream
+    (``to_state``); converting every stream between the two at every bin cost a
+    quarter of a large job's step (bench/RESULTS.md), so it happens only at a
+    checkpoint and a restore."""
 
-    def __init__(self, keys: list[str], rows: Array) -> None:
+    def __init__(self, keys: list[str], columns: Array) -> None:
         self.keys = keys
-        self.rows = rows
+        self.columns = columns
+
+    @property
+    def rows(self) -> Array:
+        """(streams × fields): a view of the columns."""
+        return self.columns.T
 
     @classmethod
     def load(cls, stored: StreamTable | dict[str, list[float]] | None) -> StreamTable:
         """The live table of a level's stored streams (a table stays as it is)."""
         if isinstance(stored, StreamTable):
             return stored
-        stored = stored or {}
-        return cls(list(stored), np.array(list(stored.values()), dtype=np.float64))
+        if not stored:
+            return cls([], np.empty((0, 0)))
+        return cls(list(stored), np.array(list(stored.values()), dtype=np.float64).T.copy())
 
     def to_state(self) -> dict[str, list[float]]:
         """Key → the stream's flat list of floats (JSON-able)."""
-        return dict(zip(self.keys, self.rows.tolist(), strict=True))
+        return dict(zip(self.keys, self.columns.T.tolist(), strict=True))
 
-    def replace(self, keys: list[str], rows: Array, oldest: int) -> None:
-        """The level's streams after a bin: ``keys``' ``rows``, and the streams absent
-        from this bin's level last in it at bin ``oldest`` or later, held as they were.
+    def replace(self, keys: list[str], columns: Array, oldest: int) -> None:
+        """The level's streams after a bin: ``keys``' ``columns``, and the streams
+        absent from this bin's level last in it at bin ``oldest`` or later, held as
+        they were.
 
         A node's readings leave the job's window for a tick or two (a lost sample at
         a 30 s tick, a late batch): what its streams learned (offsets, noise) and the
         evidence they hold must not go with them, or a stall that arrived meanwhile is
         learned afresh as the GPU's normal. Streams absent longer are forgotten (a
         node that left the job), so the table stays bounded."""
-        if self.keys and keys != self.keys and len(self.rows):
+        if self.keys and keys != self.keys:
             n = len(keys)
             if self.keys[:n] == keys:  # the same level, streams already held after it
                 absent: range | list[int] = range(n, len(self.keys))
             else:
                 present = set(keys)
                 absent = [i for i, k in enumerate(self.keys) if k not in present]
-            held = [i for i in absent if self.rows[i, -1] >= oldest]
+            held = [i for i in absent if self.columns[-1, i] >= oldest]
             if held:
                 keys = keys + [self.keys[i] for i in held]
-                rows = np.concatenate([rows, self.rows[held]]) if len(rows) else self.rows[held]
-        self.keys, self.rows = keys, rows
+                kept = self.columns[:, held]
+                columns = np.concatenate([columns, kept], axis=1) if n else kept
+        self.keys, self.columns = keys, columns
 
-    def rows_for(self, keys: list[str], fresh: tuple[float, ...]) -> Array:
-        """(streams × fields) for ``keys`` in order; a key not known starts ``fresh``.
+    def columns_for(self, keys: list[str], fresh: tuple[float, ...]) -> Array:
+        """(fields × streams) for ``keys`` in order; a key not known starts ``fresh``.
         Where the keys are the table's first streams, a view of the table (read it,
         or copy it before writing)."""
         if keys == self.keys[:len(keys)]:  # the table's first streams (held ones after)
-            return self.rows[:len(keys)]
+            return self.columns[:, :len(keys)]
         index = {k: i for i, k in enumerate(self.keys)}
         at = np.array([index.get(k, -1) for k in keys], dtype=np.int64)
-        rows = np.tile(np.array(fresh, dtype=np.float64), (len(keys), 1))
+        columns = np.repeat(np.array(fresh, dtype=np.float64)[:, None], len(keys), axis=1)
         if len(self.keys):
-            rows[at >= 0] = self.rows[at[at >= 0]]
-        return rows
+            columns[:, at >= 0] = self.columns[:, at[at >= 0]]
+        return columns
 
 
 _A = TypeVar("_A", Array, NDArray[np.bool_])
@@ -248,20 +260,20 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     fresh = _fresh(m)
     sizes = [len(c.level.keys) for c in live]
     spans = [slice(end - n, end) for end, n in zip(accumulate(sizes), sizes, strict=True)]
-    # one owned copy of every stream's row: the pass writes its fields in place
-    # (``f`` below is a view of it), and it becomes the tables' rows at the end
-    parts = [c.streams.rows_for(c.level.keys, fresh) for c in live]
-    rows = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0].copy()
-    n = rows.shape[0]
+    # one owned copy of every stream's fields: the pass writes them in place (``f``
+    # below is a view), and they become the tables' columns at the end
+    table = np.concatenate([c.streams.columns_for(c.level.keys, fresh) for c in live],
+                           axis=1)
+    n = table.shape[1]
     valid = _joined([c.level.valid for c in live])
     deviation = _joined([c.level.deviation for c in live])
     peer_level = _joined([c.level.peer_level for c in live])
     k, h, clip, ceiling = np.repeat(  # each test's constants, one column a stream
         np.array([(c.test.k, c.test.h, c.test.clip, c.test.ceiling) for c in live]).T,
         sizes, axis=1)
-    f = rows[:, :_FIELDS * m].reshape(n, _FIELDS, m).transpose(1, 2, 0)
-    count = np.asarray(rows[:, -3], dtype=np.float64)
-    born = np.asarray(rows[:, -2], dtype=np.float64)
+    f = table[:_FIELDS * m].reshape(_FIELDS, m, n)
+    count = table[-3].copy()
+    born = table[-2].copy()
     before = f[SUM].copy()
     departure = np.where(valid, deviation - f[OFF], np.nan)
     offset = np.fmax(f[OFF], spec.offset_floor)
@@ -332,16 +344,11 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
                                                 HUBER * job_sigma),
             training | (evidence <= 2 * k), (evidence < h / 4) & ordinary, bin_seconds,
             young=capped_level & ((last - born) * bin_seconds < TRAINING_SECONDS))
-    if np.shares_memory(f, rows):  # the fields were written in place: no copy back
-        table = rows
-        table[:, -3], table[:, -2], table[:, -1] = count, born, float(last)
-    else:
-        table = np.concatenate([f.transpose(2, 0, 1).reshape(n, -1), count[:, None],
-                                born[:, None], np.full((n, 1), float(last))], axis=1)
+    table[-3], table[-2], table[-1] = count, born, float(last)
     decided = _Decided(f, z, h, spec)
     outcomes = {}
     for c, span in zip(live, spans, strict=True):
-        c.streams.replace(list(c.level.keys), table[span], oldest)
+        c.streams.replace(list(c.level.keys), table[:, span], oldest)
         outcomes[id(c)] = decided.outcome(c.level, span)
     return [outcomes.get(id(c), Outcome({}, set(), set())) for c in comparisons]
 

@@ -244,6 +244,9 @@ class JobStage2:
             self._shard_nodes.setdefault(k, set()).add(node)
         self._last: dict[str, SealedSection] = {}
         self._node_devices: dict[str, dict[str, tuple[list[str], list[Entity]]]] = {}
+        # each node's GPU names and their "node/gpu" keys, as the health monitor
+        # keys them (formatting 131,072 keys a bin was 5 % of a bin's evaluation)
+        self._gpu_keys: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: the engine's, and the summaries not yet evaluated."""
@@ -401,14 +404,29 @@ class JobStage2:
         self._assemble(b)
         self.clock.settle(b)
         h = e.health
-        h.gpus = {f"{node}/{gpu}": g for node, st in self.node_state.items()
-                  for gpu, g in st["gpus"].items()}
+        h.gpus = self._health_gpus()
         h.nodes = {node: st["last"] for node, st in self.node_state.items()
                    if st["last"] is not None}
         h.cadence = {node: st["cadence"] for node, st in self.node_state.items()
                      if st["cadence"] is not None}
         h.unplaced = {node for node, st in self.node_state.items() if st["unplaced"]}
         return out + e._evaluate(b)
+
+    def _health_gpus(self) -> dict[str, Any]:
+        """``"node/gpu"`` → each GPU's health state, in the nodes' and their GPUs'
+        order (the health monitor's view of the union of the shards)."""
+        gpus: dict[str, Any] = {}
+        known, fresh = self._gpu_keys, {}
+        for node, st in self.node_state.items():
+            states = st["gpus"]
+            names = tuple(states)
+            mine = known.get(node)
+            if mine is None or mine[0] != names:
+                mine = (names, tuple(f"{node}/{gpu}" for gpu in names))
+            fresh[node] = mine
+            gpus.update(zip(mine[1], states.values(), strict=True))
+        self._gpu_keys = fresh  # only the nodes held now: bounded
+        return gpus
 
     def _assemble(self, b: int) -> None:
         """Bin ``b``'s shards' rows as the one-stage sealed bin: devices sorted by node
@@ -442,7 +460,12 @@ class JobStage2:
             self._node_devices[section] = fresh  # only this bin's nodes: bounded
             # one buffer for the whole bin: a numpy array a node cost a third of a step
             # (the text was validated on decode)
-            raw = b"".join([binascii.a2b_base64(t) for t in texts])
+            joined = "".join(texts)
+            # a node's means are a whole number of base64 quanta unless padded (their
+            # bytes not a multiple of 3): without padding the joined text decodes at
+            # once to the joined bytes
+            raw = (binascii.a2b_base64(joined) if "=" not in joined
+                   else b"".join([binascii.a2b_base64(t) for t in texts]))
             means = np.frombuffer(raw, dtype="<f8").astype(np.float64).reshape(
                 len(devices), width)
             before = self._last.get(section)

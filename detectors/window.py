@@ -117,9 +117,13 @@ class _Ring:
 
     def write(self, bins: range, columns: Array) -> None:
         """Store each of ``bins``' columns (metrics × devices) at both its slots."""
-        n = self.store.shape[2] // 2
         for j, b in enumerate(bins):
-            self.store[:, :, b % n] = self.store[:, :, b % n + n] = columns[:, :, j]
+            self.write_bin(b, columns[:, :, j])
+
+    def write_bin(self, b: int, column: Array) -> None:
+        """Store bin ``b``'s column (metrics × devices) at both its slots."""
+        n = self.store.shape[2] // 2
+        self.store[:, :, b % n] = self.store[:, :, b % n + n] = column
 
     def window(self) -> Array:
         """The current bins' means, oldest first (a view: the next ``write`` changes
@@ -376,8 +380,13 @@ class JobWindow:
         shift = bins.start - ring.bins.start if ring is not None else -1
         if (settled and ring is not None and ring.entities == entities
                 and len(ring.bins) == len(bins) and 0 <= shift < len(bins)):
-            fresh = bins[len(bins) - shift:]
-            ring.write(fresh, self._block(section, entities, fresh))
+            for b in bins[len(bins) - shift:]:
+                part = self._section(section, b)
+                if part.devices == entities:  # the usual bin: its means as they are
+                    ring.write_bin(b, part.means.T)
+                else:
+                    ring.write(range(b, b + 1), self._block(section, entities,
+                                                            range(b, b + 1)))
             ring.bins = bins
             block = ring.window()
         elif settled:

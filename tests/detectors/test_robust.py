@@ -40,7 +40,7 @@ def test_nanmedian_is_numpys_to_the_last_bit(values: np.ndarray, axis: int,
                   elements=st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))),
        st.booleans())
 def test_long_peer_groups_give_numpys_median_too(values: np.ndarray, with_nan: bool) -> None:
-    # from PARTITION_FROM peers the median is selected, not sorted: same values
+    # long peer groups (a 16,384-GPU job's), with and without NaN: numpy's values
     if not with_nan:
         values = np.nan_to_num(values, nan=1.5)
     with warnings.catch_warnings():
