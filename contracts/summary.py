@@ -228,7 +228,7 @@ def decode_summary(raw: bytes | str,
                    parse: Callable[[bytes | str], Any] = parse_json) -> Summary:
     """Bytes from Kafka → a validated summary (``ContractError`` otherwise).
     ``parse`` reads the JSON (stage 2 passes a faster parser with
-    ``parse_json``'s verdicts, ``streams/fastjson.py``)."""
+    ``parse_json``'s verdicts: ``streams/decode.parse_json_fast``)."""
     return validate_summary(parse(raw))
 
 

@@ -477,9 +477,10 @@ def _spin(busy: Array, work: Array, memory: dict[str, Any]) -> float | None:
     third's median ``SPIN_SPREAD`` times the lower third's: skewed experts, pipeline
     stages, windows that caught other parts of the step), through the two thirds'
     medians, from a node's GPUs at least (at a 15-30 s tick a bin holds one node's
-    reading), and averaged over such bins. None until ``SPIN_BINS`` of them: a job
-    whose work never spreads keeps busy time as read (there every GPU spins
-    alike). What the streams learned before goes on: their offsets are moving
+    reading): their mean over the first ``SPIN_BINS`` such bins, a moving average
+    after. None until ``SPIN_BINS`` of them: a job whose work never spreads keeps
+    busy time as read (there every GPU spins alike). What the streams learned
+    before goes on: their offsets are moving
     averages, and most jobs' spin is known within their first minutes, while the
     streams still train. (A restart at that bin, tried together with reading the
     spin from 12 GPUs at least, missed 6 small stalls this version finds on the

@@ -13,8 +13,8 @@ import pytest
 from vigil_gpu_monitor.detectors.straggler import (
     BASIS_WAIT_BINS,
     GPU_READS,
-    STATS,
     SPIN_BINS,
+    STATS,
     _comparable,
     _even_load,
     _levels,
