@@ -213,10 +213,7 @@ EVEN_LOAD_Z = 3.0  # a work deficit this many load-noise units: slower, not cold
 CORROBORATION_SECONDS = 300.0
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
-SPIN_SPREAD = 1.3  # the busier third's work over the other's: the spin's line is read
-SPIN_BINS = 12  # bins of such spread before the spin is used
-SPIN_CEILING = 0.9  # the spin is at most this share of the least busy third's busy time
-STATE_VERSION = 14  # the memory layout of the sequential test
+STATE_VERSION = 13  # the memory layout of the sequential test
 
 
 @dataclass(frozen=True)
@@ -300,13 +297,12 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     # a node whose window caught another part of the step (its median GPU below the
     # phase floor: the collective's spinning kernel, no tensor work) compares nothing
     phase_floor = max(MIN_BUSY, TYPICAL_FLOOR * float(memory.get("level", 0.0)))
-    spin = _spin(latest[_B], _work(latest, basis), memory) if basis is not None else None
     learned = memory.setdefault("streams", {})
     for level in ("node", "gpu", "quiet"):
         learned[level] = StreamTable.load(learned.get(level))
     load_noise = learned.setdefault("noise_gpu", {}).get("sigma")
     gpu_level, node_level = _levels(view, latest, basis, phase_floor, clock_faults,
-                                    compare_nodes, _even_load(load_noise), spin)
+                                    compare_nodes, _even_load(load_noise))
     nodes, gpus = advance(
         [Comparison(_peer_level(node_level, float("inf"), True), p.node_test, learned["node"],
                     learned.setdefault("noise_node", {})),
@@ -461,56 +457,9 @@ def _even_load(noise: list[float | None] | None) -> float:
     return math.inf if sigma is None else max(SLOWNESS_FLOOR, EVEN_LOAD_Z * sigma)
 
 
-def _spin(busy: Array, work: Array, memory: dict[str, Any]) -> float | None:
-    """The SM activity a GPU of the job shows at zero work: its spinning collective's.
-
-    Over a window a GPU's SM activity is its computing share at its computing level
-    plus its waiting share at the spin's (NCCL holds one SM per channel while it
-    waits: 2-32 of 132), so across the job's GPUs it lies on a line in their work,
-    ``busy = spin + slope * work``. Busy time per unit of work carries the spin: a
-    cold expert waits longer, so it spins longer and reads slower per unit of work
-    than it is, and a 10 % slower GPU on a cold expert reads as busy as its peers.
-    Taken out, busy time per unit of work is the computing time's, whatever the
-    GPU's load.
-
-    The line's intercept is read in bins whose GPUs' work spreads (the upper
-    third's median ``SPIN_SPREAD`` times the lower third's: skewed experts, pipeline
-    stages, windows that caught other parts of the step), through the two thirds'
-    medians, from a node's GPUs at least (at a 15-30 s tick a bin holds one node's
-    reading): their mean over the first ``SPIN_BINS`` such bins, a moving average
-    after. None until ``SPIN_BINS`` of them: a job whose work never spreads keeps
-    busy time as read (there every GPU spins alike). What the streams learned
-    before goes on: their offsets are moving
-    averages, and most jobs' spin is known within their first minutes, while the
-    streams still train. (A restart at that bin, tried together with reading the
-    spin from 12 GPUs at least, missed 6 small stalls this version finds on the
-    envelope's seeds 101-103 and 201-203.)"""
-    b, w = busy.ravel(), work.ravel()
-    ok = np.isfinite(b) & np.isfinite(w) & (w > 0) & (b > 0)
-    if int(ok.sum()) >= 2 * MIN_GPU_PEERS:
-        b, w = b[ok], w[ok]
-        order = np.argsort(w)
-        third = len(w) // 3
-        low, high = order[:third], order[-third:]
-        work_low, work_high = float(np.median(w[low])), float(np.median(w[high]))
-        if work_high >= SPIN_SPREAD * work_low:
-            busy_low, busy_high = float(np.median(b[low])), float(np.median(b[high]))
-            slope = (busy_high - busy_low) / (work_high - work_low)
-            # at most most of the least busy third's time: the rest is computing
-            level = min(max(busy_low - slope * work_low, 0.0), SPIN_CEILING * busy_low)
-            seen = int(memory.get("spin_bins", 0)) + 1
-            before = float(memory.get("spin", level))
-            memory["spin"] = before + (level - before) / min(seen, SPIN_BINS)
-            memory["spin_bins"] = seen
-    if int(memory.get("spin_bins", 0)) < SPIN_BINS:
-        return None
-    return float(memory["spin"])
-
-
 def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: float,
             clock_faults: Collection[str] = frozenset(), compare_nodes: bool = True,
-            even_load: float = math.inf, spin: float | None = None
-            ) -> tuple[_Readings, _Readings]:
+            even_load: float = math.inf) -> tuple[_Readings, _Readings]:
     """Each GPU against the GPUs of its node; each node's median GPU against the
     job's nodes. Peers whose median busy time is below ``phase_floor`` are in another
     part of the step this bin (a lossy node's one window in the collective, say):
@@ -519,21 +468,15 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     Busy time per unit of work, ``log(busy / work)``, is taken per GPU before any
     median: the median of busy times and the median of work rates of a node whose
     load varies are two different GPUs, and their ratio would describe neither.
-    Busy time per byte moved is taken the same way, for ``_memory_explains``. With
-    the job's ``spin`` known (``_spin``), both take the computing time, busy time
-    less the spin (a GPU not clearly above it: not compared), and a work deficit at
-    the same busy time is slowness's evidence whatever the load (``even_load`` 0):
-    a colder expert no longer explains it."""
+    Busy time per byte moved is taken the same way, for ``_memory_explains``."""
     busy, clock, work, util = latest[_B], latest[_CLOCK], _work(latest, basis), latest[_UTIL]
     # memory work (bytes moved per second) as a second reading of work, where the
     # basis is another counter
     memory = (_work(latest, "dram_active") if basis not in (None, "dram_active")
               else np.full(busy.shape, np.nan))
     with np.errstate(invalid="ignore", divide="ignore"):
-        computing = busy if spin is None else np.where(
-            busy * SPIN_CEILING > spin, busy - spin, np.nan)
-        per_work = np.log(computing / work)
-        per_memory_work = np.log(computing / memory)
+        per_work = np.log(busy / work)
+        per_memory_work = np.log(busy / memory)
     node_busy, node_work, node_clock, node_per_work, node_per_memory_work, node_memory, \
         node_util = (nanmedian(a, axis=1) for a in (busy, work, clock, per_work,
                                                      per_memory_work, memory, util))
@@ -557,7 +500,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     _ratio(memory[at], node_memory[node_idx]), extra_processes,
                     # one GPU's gpu_util is too coarse to compare (see the docstring)
                     util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault,
-                    even_load=even_load if spin is None else 0.0)
+                    even_load=even_load)
     node_power = nanmedian(latest[_POWER], axis=1)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,

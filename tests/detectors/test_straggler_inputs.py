@@ -13,14 +13,12 @@ import pytest
 from vigil_gpu_monitor.detectors.straggler import (
     BASIS_WAIT_BINS,
     GPU_READS,
-    SPIN_BINS,
     STATS,
     _comparable,
     _even_load,
     _levels,
     _memory_explains,
     _readings,
-    _spin,
     _work_basis,
 )
 
@@ -165,21 +163,3 @@ def test_a_phase_that_lowers_every_gpu_is_not_compared_and_a_straggler_is() -> N
     assert after_training(0.33, 0.35) == [False] * 3  # evaluation: all lower alike
     assert after_training(0.33, 0.95) == [True] * 3  # a straggler's peers wait
     assert after_training(0.45, 0.50) == [True] * 3  # a host holds its node back 50 %
-
-
-def test_the_spin_is_the_intercept_of_busy_time_on_work_once_work_spreads() -> None:
-    """GPUs that compute a share of the step and spin the rest (0.15 of the SMs):
-    busy time is a line in work whose intercept is the spin. It is known after
-    ``SPIN_BINS`` bins whose work spreads, never from bins where it does not."""
-    rng = np.random.default_rng(7)
-    memory: dict[str, Any] = {}
-    even = rng.normal(1.0, 0.01, 32)
-    for _ in range(3 * SPIN_BINS):  # even load: no line to read
-        assert _spin(0.15 + 0.5 * even, even, memory) is None
-    found = []
-    for _ in range(SPIN_BINS):
-        work = rng.uniform(0.5, 1.5, 32)
-        busy = 0.15 + 0.5 * work + rng.normal(0.0, 0.005, 32)
-        found.append(_spin(busy, work, memory))
-    assert found[:-1] == [None] * (SPIN_BINS - 1)
-    assert found[-1] is not None and abs(found[-1] - 0.15) < 0.02
