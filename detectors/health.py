@@ -174,10 +174,20 @@ class HealthMonitor:
         is not taken for a lossless one. Its interval is at least the job's typical
         one (a node heard only once is given that), and while no node's interval is
         known, the silence is the longest."""
+        return self._silence_after(node, self.typical_interval())
+
+    def typical_interval(self) -> float | None:
+        """The job's agents' interval: the median of the nodes' known ones (None while
+        none is known)."""
         known = sorted(c[0] for c in self.cadence.values() if c[0] > 0)
-        if not known:
+        return known[len(known) // 2] if known else None
+
+    def _silence_after(self, node: str, typical: float | None) -> float:
+        """``silence_after`` given the job's ``typical_interval`` (worked out once an
+        evaluation: sorting every node's interval for each quiet node cost 70 ms a
+        bin of a 16,384-node job with a node gone silent)."""
+        if typical is None:
             return MAX_SILENT_SECONDS
-        typical = known[len(known) // 2]  # the job's agents' interval
         kept = self.cadence.get(node) or [0.0]
         interval = kept[0]
         ticks, arrived = (kept[1], kept[2]) if len(kept) == 4 else (0.0, 0.0)
@@ -357,8 +367,10 @@ class HealthMonitor:
         # a node heard from within the shortest silence any node can be given is not
         # silent: only the others are given their own (``silence_after``)
         shortest = min(p.silent_seconds, MAX_SILENT_SECONDS)
-        after = {n: self.silence_after(n) for n, t in self.nodes.items()
-                 if now - t >= shortest and n not in self.unplaced}
+        quiet_nodes = [n for n, t in self.nodes.items()
+                       if now - t >= shortest and n not in self.unplaced]
+        typical = self.typical_interval() if quiet_nodes else None
+        after = {n: self._silence_after(n, typical) for n in quiet_nodes}
         active = [n for n, t in self.nodes.items() if n not in after or now - t < after[n]]
         if active:
             for node in sorted(after):

@@ -3,6 +3,8 @@ decides (issue #46, docs/sharding.md): the same detections, in the same order.""
 
 from __future__ import annotations
 
+import base64
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.contracts.messages import Sample
 from vigil_gpu_monitor.contracts.shards import shard_count, shard_key, shard_of, split_key
-from vigil_gpu_monitor.detectors.shard import ShardedJob
+from vigil_gpu_monitor.detectors.shard import ShardedJob, _decode_padded
 from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 from vigil_gpu_monitor.vigil.evaluation.scenarios import suite
 from vigil_gpu_monitor.vigil.evaluation.shardcheck import compare
@@ -143,3 +145,13 @@ def test_stage_2_shares_a_device_list_and_set_between_bins_of_the_same_devices()
         assert a.devices is b.devices and a.device_set() is b.device_set()
     for part in parts:
         assert part.device_set() == frozenset(part.devices)  # a changed bin: its own set
+
+
+@pytest.mark.parametrize("sizes", [[80] * 5, [1, 1], [2] * 3, [960, 960], [80, 40], [79, 81],
+                                   [81, 79], [79, 80, 81], [3, 3], [8]])
+def test_padded_means_decode_at_once_to_what_binascii_gives(sizes: list[int]) -> None:
+    """Stage 2 decodes a bin's padded base64 texts together where they are alike, and
+    one by one where not: either way the bytes ``binascii`` gives each text."""
+    blobs = [os.urandom(n) for n in sizes]
+    texts = [base64.b64encode(b).decode() for b in blobs]
+    assert _decode_padded(texts, "".join(texts), sum(sizes)) == b"".join(blobs)

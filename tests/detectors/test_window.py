@@ -51,8 +51,22 @@ def test_each_steps_matrices_equal_a_rebuild(event: str) -> None:
                 np.testing.assert_array_equal(kept.gpu(m), fresh.gpu(m))
             for m in engine.window.nic_metrics:
                 np.testing.assert_array_equal(kept.nic(m), fresh.nic(m))
+            for m in ("sm_active", "power"):  # against each bin's own rows, device by device
+                np.testing.assert_array_equal(kept.gpu(m), _by_device(engine.window, kept, m))
             checked += 1
     assert checked > 20
+
+
+def _by_device(window: JobWindow, view: WindowView, metric: str) -> np.ndarray:
+    """(GPUs × bins) of one metric read from each bin's sealed rows by device name."""
+    out = np.full((len(view.gpus), len(view.bins)), np.nan)
+    for j, b in enumerate(view.bins):
+        means = window.means("g", b, (metric,))
+        for i, gpu in enumerate(view.gpus):
+            value = means.get(gpu, [None])[0]
+            if value is not None:
+                out[i, j] = value
+    return out
 
 
 def test_a_checkpoint_writes_each_device_list_once_and_reads_the_previous_layout() -> None:
