@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from itertools import chain, repeat
+from operator import eq, itemgetter
 from typing import Any, cast
 
 from vigil_gpu_monitor.contracts import SUMMARY_SCHEMA
@@ -176,6 +178,45 @@ def _health_fields(node: str, value: Any) -> None:
         raise _bad(path, f"must have exactly the fields {sorted(_HEALTH_FIELDS)}")
 
 
+def _rows_at_once(rows: list[Any], gpu_width: int, nic_width: int) -> bool:
+    """Whether every row passes ``_rows``, told by passes in C over a part's rows
+    where they are alike (the usual part: each node as many GPUs and as many NICs as
+    the others). False where unsure: ``_rows`` then checks the rows one by one and
+    names what fails. A Python step a node was two thirds of stage 2's decoding at
+    16,384 nodes."""
+    if not rows:
+        return True
+    if set(map(type, rows)) != {dict} or not all(map(eq, map(dict.keys, rows),
+                                                     repeat(_ROW_FIELDS))):
+        return False
+    for names, means, limit, width in (("gpus", "gpu_means", MAX_GPUS, gpu_width),
+                                       ("nics", "nic_means", MAX_NICS, nic_width)):
+        listed = list(map(itemgetter(names), rows))
+        if set(map(type, listed)) != {list}:
+            return False
+        counts = set(map(len, listed))
+        if len(counts) != 1 or max(counts) > limit:
+            return False
+        flat = list(chain.from_iterable(listed))
+        if flat and (set(map(type, flat)) != {str} or not 0 < min(map(len, flat))
+                     or max(map(len, flat)) > 256):
+            return False
+        texts = list(map(itemgetter(means), rows))
+        size = max(counts) * width * 8
+        length = -(-size // 3) * 4
+        pad = length // 4 * 3 - size
+        if set(map(type, texts)) != {str} or set(map(len, texts)) != {length}:
+            return False
+        joined = "".join(texts)
+        # the alphabet deleted, only each text's padding is left, at each one's end
+        if not joined.isascii() or joined.encode("ascii").translate(
+                None, _B64_ALPHABET) != b"=" * (pad * len(texts)):
+            return False
+        if pad and not all(map(str.endswith, texts, repeat("=" * pad))):
+            return False
+    return True
+
+
 def _event(i: int, value: Any) -> None:
     path = f"events[{i}]"
     ev = _obj(value, path)
@@ -236,13 +277,15 @@ def validate_summary(message: Any) -> Summary:
     health = _obj(msg["health"], "health")
     clocks = msg.get("clocks", {})
     validate_clocks(clocks, NODES_PER_PART)
-    for node in (*nodes, *health, *clocks):
+    # a node's name is checked once, though its rows, health and clock all name it
+    for node in dict.fromkeys((*nodes, *health, *clocks)):
         if node_problem(node):
             raise ContractError("bad_name", f"node {node[:80]!r} is not a host name")
     if len(nodes) > NODES_PER_PART or len(health) > NODES_PER_PART:
         raise _bad("nodes", f"more than {NODES_PER_PART} nodes in one part")
-    for node, rows in nodes.items():
-        _rows(node, rows, len(gpu_metrics), len(nic_metrics))
+    if not _rows_at_once(list(nodes.values()), len(gpu_metrics), len(nic_metrics)):
+        for node, rows in nodes.items():
+            _rows(node, rows, len(gpu_metrics), len(nic_metrics))
     for node, state in health.items():
         _health(node, state)
     events = msg["events"]

@@ -286,6 +286,8 @@ class JobStage2:
             self._shard_nodes.setdefault(k, set()).add(node)
         self._last: dict[str, SealedSection] = {}
         self._node_devices: dict[str, dict[str, tuple[list[str], list[Entity]]]] = {}
+        # section → the last bin's nodes, each node's devices, and its device list
+        self._bin_devices: dict[str, tuple[list[str], list[list[str]], list[Entity]]] = {}
         # each node's GPU names and their "node/gpu" keys, as the health monitor
         # keys them (formatting 131,072 keys a bin was 5 % of a bin's evaluation)
         # the nodes, their GPUs and the ``"node/gpu"`` keys of the last health view
@@ -481,26 +483,21 @@ class JobStage2:
         if not rows:
             return
         order = sorted(rows)
+        in_order = list(map(rows.__getitem__, order))
         w = self.engine.window
         sealed: dict[str, SealedSection] = {}
         for section, names, means_key, width in (
                 ("g", "gpus", "gpu_means", len(w.gpu_metrics)),
                 ("n", "nics", "nic_means", len(w.nic_metrics))):
-            known = self._node_devices.get(section, {})
-            fresh: dict[str, tuple[list[str], list[Entity]]] = {}
-            devices: list[Entity] = []
-            texts: list[str] = []
-            for node in order:
-                r: Any = rows[node]
-                devs = r[names]
-                if devs:
-                    mine = known.get(node)
-                    if mine is None or mine[0] != devs:
-                        mine = (devs, [(node, d) for d in devs])
-                    fresh[node] = mine
-                    devices += mine[1]
-                    texts.append(r[means_key])
-            self._node_devices[section] = fresh  # only this bin's nodes: bounded
+            listed = list(map(itemgetter(names), in_order))
+            last = self._bin_devices.get(section)
+            if last is not None and last[0] == order and last[1] == listed:
+                devices = last[2]  # the usual bin: the previous bin's nodes and devices
+            else:
+                devices = self._devices_of(section, order, listed)
+                self._bin_devices[section] = (order, listed, devices)
+            texts = (list(map(itemgetter(means_key), in_order)) if all(listed) else
+                     [r[means_key] for r, devs in zip(in_order, listed, strict=True) if devs])
             # one buffer for the whole bin: a numpy array a node cost a third of a step
             # (the text was validated on decode)
             joined = "".join(texts)
@@ -518,6 +515,24 @@ class JobStage2:
                 part = SealedSection(devices, means)
             self._last[section] = sealed[section] = part
         w.sealed[str(b)] = sealed
+
+    def _devices_of(self, section: str, order: list[str], listed: list[list[str]]
+                    ) -> list[Entity]:
+        """The bin's (node, device) list, ``order``'s nodes with ``listed``'s devices;
+        a node listing the devices it listed last time keeps its entities (shared
+        objects compare by identity)."""
+        known = self._node_devices.get(section, {})
+        fresh: dict[str, tuple[list[str], list[Entity]]] = {}
+        devices: list[Entity] = []
+        for node, devs in zip(order, listed, strict=True):
+            if devs:
+                mine = known.get(node)
+                if mine is None or mine[0] != devs:
+                    mine = (devs, [(node, d) for d in devs])
+                fresh[node] = mine
+                devices += mine[1]
+        self._node_devices[section] = fresh  # only this bin's nodes: bounded
+        return devices
 
     def forget_old(self) -> None:
         """After bins were evaluated: what one stage forgets then."""

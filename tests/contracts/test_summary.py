@@ -173,3 +173,55 @@ def test_a_big_bin_is_split_in_parts_that_fit_and_add_up(summaries: list[Summary
     assert set().union(*(p["health"] for p in decoded)) == set(msg["health"])
     with pytest.raises(ContractError, match="128 nodes"):
         encode_summary(msg)  # unsplit: more nodes than a part holds
+
+
+def _verdict(raw: bytes) -> str:
+    try:
+        decode_summary(raw)
+    except ContractError as err:
+        return f"{err.reason}: {err}"
+    return "accepted"
+
+
+def test_rows_checked_at_once_get_the_verdicts_of_rows_checked_one_by_one(
+        summaries: list[Summary], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part's rows are checked in passes over all of them where they are alike;
+    whatever that lets through or sends back to the row-by-row check, each message
+    gets the row-by-row check's verdict, reason and words."""
+    from vigil_gpu_monitor.contracts import summary as contract
+    msg = _bin_summary(summaries)
+    assert len(msg["nodes"]) >= 2
+    first, second = list(msg["nodes"])[:2]
+    row = msg["nodes"][first]
+    assert contract._rows_at_once(list(msg["nodes"].values()), len(msg["gpu_metrics"]),
+                                  len(msg["nic_metrics"])), "the usual part: checked at once"
+    one_gpu = base64.b64encode(base64.b64decode(row["gpu_means"])[
+        :8 * len(msg["gpu_metrics"])]).decode()
+    changes: list[tuple[str, str, Any]] = [
+        (first, "gpus", row["gpus"][:1]),  # fewer GPUs, means not cut: refused
+        (first, "gpu_means", one_gpu),  # means of one GPU, GPUs not cut: refused
+        (first, "gpus", ["x" * 257] + row["gpus"][1:]),
+        (first, "gpus", [""] + row["gpus"][1:]),
+        (first, "gpus", [0] + row["gpus"][1:]),
+        (first, "nics", "mlx5_0"),
+        (first, "nic_means", row["nic_means"][:-4]),
+        (first, "nic_means", None),
+        (second, "gpu_means", row["gpu_means"][:-1] + "="),
+        (second, "gpu_means", row["gpu_means"].replace("A", "é", 1)),
+        (second, "gpu_means", "=" + row["gpu_means"][1:]),
+        (second, "extra", 1),
+    ]
+    raws = [json.dumps(msg).encode()]
+    for node, field, value in changes:
+        changed = copy.deepcopy(msg)
+        changed["nodes"][node][field] = value
+        raws.append(json.dumps(changed).encode())
+    both = copy.deepcopy(msg)  # a node of one GPU whose means say so: accepted
+    both["nodes"][first]["gpus"] = row["gpus"][:1]
+    both["nodes"][first]["gpu_means"] = one_gpu
+    raws.append(json.dumps(both).encode())
+    fast = [_verdict(raw) for raw in raws]
+    monkeypatch.setattr(contract, "_rows_at_once", lambda *_: False)
+    assert fast == [_verdict(raw) for raw in raws]
+    assert fast[0] == fast[-1] == "accepted"
+    assert all(v != "accepted" for v in fast[1:-1])
