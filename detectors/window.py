@@ -205,7 +205,7 @@ class JobWindow:
         self._last: dict[str, _Ring] = {}
         # section → the last bin's devices placed in a window's devices (``_placement``)
         self._placed: dict[str, tuple[list[Entity], list[Entity], NDArray[np.intp],
-                                      NDArray[np.intp], dict[Entity, int]]] = {}
+                                      NDArray[np.intp]]] = {}
         self._layout: ViewLayout | None = None
 
     def to_state(self) -> dict[str, Any]:
@@ -433,21 +433,19 @@ class JobWindow:
     def _placement(self, section: str, devices: list[Entity], entities: list[Entity]
                    ) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
         """The rows of ``entities`` that a bin of ``devices`` fills, and the rows of
-        ``devices`` that fill them. The last answer per section is kept, and so is
-        ``entities``' index: consecutive bins share a device list, and a window's
-        devices rarely change, so a bin missing a node (gone silent) costs a lookup
-        per device once, not a dict of its devices and a lookup per entity each
-        step (100 ms a bin of a 131,072-GPU job)."""
+        ``devices`` that fill them. The last answer per section is kept:
+        consecutive bins share a device list, so a node gone silent costs a lookup
+        per device once, not a dict of the bin's devices and a lookup per entity
+        each step (100 ms a bin of a 131,072-GPU job)."""
         last = self._placed.get(section)
         if last is not None and last[0] is devices and last[1] == entities:
             return last[2], last[3]
-        index = last[4] if last is not None and last[1] == entities else {
-            e: i for i, e in enumerate(entities)}
+        index = {e: i for i, e in enumerate(entities)}
         rows = np.fromiter((index.get(e, -1) for e in devices), dtype=np.intp,
                            count=len(devices))
         of = np.flatnonzero(rows >= 0)
         to = rows[of]
-        self._placed[section] = (devices, list(entities), to, of, index)
+        self._placed[section] = (devices, list(entities), to, of)
         return to, of
 
     def _section(self, section: str, b: int) -> SealedSection:
