@@ -43,7 +43,7 @@ def test_shards_find_what_one_stage_finds_in_the_same_order() -> None:
         assert o.late_sharded == o.late_one
 
 
-@pytest.mark.parametrize("name", ["xid", "node_silent", "slow_node", "hang"])
+@pytest.mark.parametrize("name", ["xid", "node_silent", "slow_node", "hang", "gpu_lost", "thermal"])
 def test_a_scenario_of_the_suite_is_equal_at_2_and_4_shards(name: str) -> None:
     sc = next(s for s in suite(sizes=(4,), seeds=(3,)) if s.name.endswith(name))
     _, outcomes = compare(lambda: Simulator(sc.cluster, sc.start, seed=sc.seed).samples(
