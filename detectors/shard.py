@@ -483,7 +483,7 @@ class JobStage2:
         if not rows:
             return
         order = sorted(rows)
-        in_order = list(map(rows.__getitem__, order))
+        in_order: list[Any] = list(map(rows.__getitem__, order))
         w = self.engine.window
         sealed: dict[str, SealedSection] = {}
         for section, names, means_key, width in (
