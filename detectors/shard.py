@@ -288,9 +288,9 @@ class JobStage2:
         self._node_devices: dict[str, dict[str, tuple[list[str], list[Entity]]]] = {}
         # section → the last bin's nodes, each node's devices, and its device list
         self._bin_devices: dict[str, tuple[list[str], list[list[str]], list[Entity]]] = {}
-        # each node's GPU names and their "node/gpu" keys, as the health monitor
-        # keys them (formatting 131,072 keys a bin was 5 % of a bin's evaluation)
-        # the nodes, their GPUs and the ``"node/gpu"`` keys of the last health view
+        # the nodes, their GPUs and the ``"node/gpu"`` keys of the last health view,
+        # as the health monitor keys them (formatting 131,072 keys a bin was 5 % of
+        # a bin's evaluation)
         self._gpu_keys: tuple[list[str], list[tuple[str, ...]], list[str]] | None = None
 
     def to_state(self) -> dict[str, Any]:
