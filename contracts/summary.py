@@ -137,9 +137,8 @@ def _health(node: str, value: Any) -> None:
     if type(value) is not dict or value.keys() != _HEALTH_FIELDS:
         _health_fields(node, value)
     state = value
-    last = state["last"]
-    if not (type(last) is float and last - last == 0.0):
-        _num(last, f"health.{node}.last", null_ok=True)
+    if not _finite(state["last"]):
+        _num(state["last"], f"health.{node}.last", null_ok=True)
     cadence = state["cadence"]
     if cadence is not None and (not isinstance(cadence, list) or len(cadence) not in (2, 4)):
         raise _bad(f"health.{node}.cadence", "must be null, [interval, ticks due, arrivals, "
@@ -156,8 +155,7 @@ def _health(node: str, value: Any) -> None:
         raise _bad(f"health.{node}.gpus", f"holds more than {MAX_GPUS} GPUs")
     for gpu, g in gpus.items():
         # a GPU with nothing open (most of them): a finite ``last``, ``thr`` null
-        if (type(g) is dict and "thr" in g and g["thr"] is None
-                and type(t := g.get("last")) is float and t - t == 0.0
+        if (type(g) is dict and "thr" in g and g["thr"] is None and _finite(g.get("last"))
                 and "event" not in g and "remap" not in g):
             continue
         path = f"health.{node}.gpus.{gpu}"

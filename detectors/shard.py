@@ -232,12 +232,14 @@ def _decode_padded(texts: list[str], joined: str, size: int) -> bytes:
     ``binascii`` too ignores a padded quantum's spare bits, so the bytes are the
     same."""
     length = len(texts[0]) if texts else 0
-    chars = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-    if length < 4 or len(joined) != length * len(texts):
-        return b"".join([binascii.a2b_base64(t) for t in texts])
-    ends = chars.reshape(len(texts), length)[:, -2:] == ord("=")
-    pads = ends[:, 0].astype(np.int64) + ends[:, 1]
-    if (pads != pads[0]).any() or (length // 4 * 3 - int(pads[0])) * len(texts) != size:
+    alike = length >= 4 and len(joined) == length * len(texts)
+    if alike:
+        chars = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+        ends = chars.reshape(len(texts), length)[:, -2:] == ord("=")
+        pads = ends[:, 0].astype(np.int64) + ends[:, 1]
+        alike = bool((pads == pads[0]).all()) and (
+            length // 4 * 3 - int(pads[0])) * len(texts) == size
+    if not alike:
         return b"".join([binascii.a2b_base64(t) for t in texts])
     bits = _B64_BITS[chars].reshape(-1, 4)
     quanta = (bits[:, 0] << 18) | (bits[:, 1] << 12) | (bits[:, 2] << 6) | bits[:, 3]
@@ -496,8 +498,7 @@ class JobStage2:
             else:
                 devices = self._devices_of(section, order, listed)
                 self._bin_devices[section] = (order, listed, devices)
-            texts = (list(map(itemgetter(means_key), in_order)) if all(listed) else
-                     [r[means_key] for r, devs in zip(in_order, listed, strict=True) if devs])
+            texts = [r[means_key] for r, devs in zip(in_order, listed, strict=True) if devs]
             # one buffer for the whole bin: a numpy array a node cost a third of a step
             # (the text was validated on decode)
             joined = "".join(texts)
