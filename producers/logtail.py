@@ -116,7 +116,8 @@ class LogTail:
         self._inode: int | None = None
         self._partial = b""
         self._from_start = from_start
-        self._open()  # where the log ends now: what comes after is news
+        if not self._open():  # where the log ends now: what comes after is news
+            self._from_start = True  # no log yet: all of the one that appears is news
 
     def _open(self) -> bool:
         try:

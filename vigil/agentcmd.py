@@ -65,15 +65,16 @@ def _start_steps(cfg: Config, args: argparse.Namespace, node: str, job_of: Calla
         cfg.kafka_bootstrap, topics.topic(topics.STEPS, cfg.kafka.topic_prefix),
         capacity=cfg.agent.buffer_capacity, signer=node_signer(cfg),  # the worker checks it
         **cfg.kafka_client)
-    receiver = (WitnessReceiver(args.witness_socket, node, steps, job_of)
-                if args.witness_socket else None)
     tail = None
-    if args.log_tail:
+    if args.log_tail:  # at the log's end before the socket is bound: once a job can see
+        # the agent listening, every step it logs is read
         pattern = PATTERNS.get(args.log_pattern) or LogPattern("custom", args.log_pattern)
         try:
             tail = LogTail(args.log_tail, pattern, node, job_of() or "")
         except (ValueError, re.error) as exc:
             raise ConfigError(f"agent: --log-pattern: {exc}") from None
+    receiver = (WitnessReceiver(args.witness_socket, node, steps, job_of)
+                if args.witness_socket else None)
 
     def loop() -> None:
         while not stop.is_set():

@@ -80,3 +80,14 @@ def test_the_tail_follows_appends_rotation_and_partial_lines(tmp_path: Path) -> 
 def test_a_missing_log_is_no_error(tmp_path: Path) -> None:
     tail = LogTail(str(tmp_path / "none.log"), PATTERNS["megatron"], "n", "j")
     assert tail.poll() is None
+
+
+def test_a_log_that_appears_later_is_read_from_its_start(tmp_path: Path) -> None:
+    """A job that starts after the agent creates its log then: every line of it is news,
+    even those written before the first poll."""
+    log = tmp_path / "late.log"
+    tail = LogTail(str(log), PATTERNS["megatron"], "n", "j")
+    log.write_bytes((LOGS / "megatron_issue756.log").read_bytes())
+    batch = tail.poll()
+    assert batch is not None and [s["step"] for s in batch["ranks"][0]["steps"]] == [71, 72, 73]
+    tail.close()
