@@ -6,9 +6,12 @@ when the buffer is full the *oldest* sample is dropped and counted. A sender
 thread owns the kafka-python producer (whose constructor blocks up to 30 s when no
 broker answers, and whose own buffer is unbounded in 3.x): it keeps at most
 ``max_in_flight`` samples in the producer, removes a sample from the buffer only
-when Kafka acknowledged it (acks=all), and puts failed ones back at the head. So
-while the buffer has room nothing is lost across a broker outage, and when it has
-not, ``dropped`` says exactly how much was.
+when Kafka acknowledged it (acks=all), and sends failed ones again first, in the
+order they were first sent (a broker that goes away fails every sample in flight;
+put back one by one at the head they would go out newest first, and a worker reads
+a node's samples that arrive older than its newest as late). So while the buffer
+has room nothing is lost across a broker outage, and when it has not, ``dropped``
+says exactly how much was.
 
 With a ``Signer`` (``identity.node_key``), each record carries the node's proof of
 its exact value bytes in its headers (``contracts.identity``), computed as it is
@@ -22,6 +25,8 @@ then happen only when the spool is full too (its oldest segment, counted).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -42,6 +47,7 @@ from vigil_gpu_monitor.producers.spool import DiskSpool
 
 log = logging.getLogger(__name__)
 Shards = Callable[[str], int]  # job → its shard count (docs/sharding.md)
+Item = tuple[float, bytes, bytes]  # (when it was buffered, key, value)
 
 
 def sample_key(sample: Sample, shards: Shards | None) -> bytes:
@@ -119,7 +125,9 @@ class BufferedPublisher:
             batch_size=256 * 1024, request_timeout_ms=10_000, delivery_timeout_ms=30_000,
             max_block_ms=5_000, reconnect_backoff_max_ms=2_000,
             **{"partitioner": ShardPartitioner(), **client}))
-        self._buffer: deque[tuple[float, bytes, bytes]] = deque()
+        self._buffer: deque[Item] = deque()
+        self._retry: list[tuple[int, Item]] = []  # failed, by the order they were taken
+        self._taken = itertools.count()
         self._in_flight = 0
         self._lock = threading.Condition()
         self.published = 0
@@ -134,14 +142,19 @@ class BufferedPublisher:
     def buffered(self) -> int:
         """Samples not yet acknowledged (in memory, in flight or spooled)."""
         with self._lock:
-            return len(self._buffer) + self._in_flight + (len(self.spool) if self.spool else 0)
+            return len(self._buffer) + len(self._retry) + self._in_flight + (
+                len(self.spool) if self.spool else 0)
 
     @property
     def dropped(self) -> int:
         """Samples lost: from a full memory buffer, or from a full spool."""
         return self._dropped + (self.spool.dropped if self.spool else 0)
 
-    def _overflow(self, item: tuple[float, bytes, bytes]) -> None:
+    def _held(self) -> int:
+        """Samples held in memory: waiting, waiting again, or in flight."""
+        return len(self._buffer) + len(self._retry) + self._in_flight
+
+    def _overflow(self, item: Item) -> None:
         """No room in memory for ``item``: spool it, or count it dropped."""
         if self.spool is not None:
             self.spool.append(item[1], item[2])
@@ -152,8 +165,10 @@ class BufferedPublisher:
         """Validate, encode and buffer; never blocks on Kafka."""
         item = (time.monotonic(), sample_key(sample, self.shards), encode_sample(sample))
         with self._lock:
-            if len(self._buffer) + self._in_flight >= self.capacity:
-                if self._buffer:
+            if self._held() >= self.capacity:
+                if self._retry:  # the oldest held
+                    self._overflow(heapq.heappop(self._retry)[1])
+                elif self._buffer:
                     self._overflow(self._buffer.popleft())
                 else:  # everything is in flight: the new sample is the one that cannot fit
                     self._overflow(item)
@@ -161,16 +176,20 @@ class BufferedPublisher:
             self._buffer.append(item)
             self._lock.notify()
 
-    def _take(self) -> tuple[float, bytes, bytes]:
-        """The next sample to send: spooled ones first (they are the oldest)."""
+    def _take(self) -> tuple[int, Item]:
+        """The next sample to send, with its place in the sending order: failed ones
+        first, then spooled ones (older than any in memory), then the buffer's."""
+        if self._retry:
+            return heapq.heappop(self._retry)
         if self.spool is not None:
             record = self.spool.pop()
             if record is not None:
-                return (time.monotonic(), *record)
-        return self._buffer.popleft()
+                return next(self._taken), (time.monotonic(), *record)
+        return next(self._taken), self._buffer.popleft()
 
     def _waiting(self) -> bool:
-        return bool(self._buffer) or bool(self.spool is not None and len(self.spool))
+        return bool(self._buffer) or bool(self._retry) or bool(
+            self.spool is not None and len(self.spool))
 
     def _run(self) -> None:
         producer = None
@@ -181,45 +200,43 @@ class BufferedPublisher:
                     self._lock.wait(0.2)
                 if self._stop.is_set():
                     break
-                item = self._take()
+                taken = self._take()
                 self._in_flight += 1
+            item = taken[1]
             if producer is None:
                 try:
                     producer = self._factory()  # may block while no broker answers
                 except KafkaError as exc:
-                    self._failed(item, exc)
+                    self._failed(taken, exc)
                     self._stop.wait(1.0)
                     continue
             try:
                 future = producer.send(self.topic, key=item[1], value=item[2], headers=(
                     self.signer.headers(item[2]) if self.signer is not None else None))
             except KafkaError as exc:  # e.g. no metadata within max_block_ms
-                self._failed(item, exc)
+                self._failed(taken, exc)
                 self._stop.wait(0.5)
                 continue
             future.add_callback(self._acked, item)
-            future.add_errback(self._errback, item)
+            future.add_errback(self._failed, taken)
         if producer is not None:
             producer.close(timeout=5)
 
-    def _acked(self, item: tuple[float, bytes, bytes], _meta: Any) -> None:
+    def _acked(self, item: Item, _meta: Any) -> None:
         with self._lock:
             self._in_flight -= 1
             self.published += 1
             self.latencies.append(time.monotonic() - item[0])
             self._lock.notify_all()
 
-    def _errback(self, item: tuple[float, bytes, bytes], exc: BaseException) -> None:
-        self._failed(item, exc)
-
-    def _failed(self, item: tuple[float, bytes, bytes], exc: BaseException) -> None:
+    def _failed(self, taken: tuple[int, Item], exc: BaseException) -> None:
         self.errors[type(exc).__name__] += 1
         with self._lock:
             self._in_flight -= 1
-            if len(self._buffer) + self._in_flight >= self.capacity:
-                self._overflow(item)  # no room to retry it in memory
+            if self._held() >= self.capacity:
+                self._overflow(taken[1])  # no room to retry it in memory
             else:
-                self._buffer.appendleft(item)
+                heapq.heappush(self._retry, taken)
             self._lock.notify_all()
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -243,6 +260,9 @@ class BufferedPublisher:
         self._thread.join(10)
         if self.spool is not None:
             with self._lock:
+                while self._retry:
+                    item = heapq.heappop(self._retry)[1]
+                    self.spool.append(item[1], item[2])
                 while self._buffer:
                     item = self._buffer.popleft()
                     self.spool.append(item[1], item[2])

@@ -1,0 +1,125 @@
+"""The publisher's sending order across failures, with a producer that fails on
+command (the broker outage itself is tested against a real broker in
+``tests/integration/test_publisher.py``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vigil_gpu_monitor.contracts import SAMPLE_SCHEMA
+from vigil_gpu_monitor.contracts.codec import decode_sample
+from vigil_gpu_monitor.producers.publisher import BufferedPublisher
+
+
+class _Future:
+    """kafka-python's FutureRecordMetadata as the publisher uses it: callbacks and
+    errbacks that get their extra arguments first, then the value or the error."""
+
+    def __init__(self, delivered: bool = False) -> None:
+        self.delivered = delivered  # a future already done calls back at once
+        self.callbacks: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        self.errbacks: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    def add_callback(self, fn: Callable[..., None], *args: Any) -> None:
+        if self.delivered:
+            fn(*args, None)
+        else:
+            self.callbacks.append((fn, args))
+
+    def add_errback(self, fn: Callable[..., None], *args: Any) -> None:
+        self.errbacks.append((fn, args))
+
+
+class _Producer:
+    """Holds what it is sent, like a producer whose broker is away, until the test
+    fails all of it (a delivery timeout) or lets it through."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: list[tuple[bytes, _Future]] = []
+        self.delivered: list[bytes] = []
+        self.up = False
+
+    def send(self, _topic: str, key: bytes, value: bytes, headers: Any = None) -> _Future:
+        with self.lock:
+            if self.up:
+                self.delivered.append(value)
+                return _Future(delivered=True)
+            future = _Future()
+            self.held.append((value, future))
+        return future
+
+    def fail_all(self) -> None:
+        with self.lock:
+            held, self.held = self.held, []
+        for _value, future in held:  # in the order they were sent, as a timeout fails them
+            for fn, args in future.errbacks:
+                fn(*args, TimeoutError("delivery timed out"))
+
+    def release(self) -> None:
+        with self.lock:
+            held, self.held = self.held, []
+            self.delivered.extend(value for value, _ in held)
+        for _value, future in held:
+            for fn, args in future.callbacks:
+                fn(*args, None)
+
+    def close(self, timeout: float = 0) -> None:
+        pass
+
+
+def _sample(i: int) -> dict[str, object]:
+    return {"schema": SAMPLE_SCHEMA, "ts": 1_000_000.0 + i, "job": "j", "node": "n1",
+            "gpus": {"0": {"sm_active": 0.5}}, "host": {}, "nics": {}}
+
+
+def _wait(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "the sender did not get there"
+        time.sleep(0.01)
+
+
+def test_samples_failed_in_flight_are_sent_again_oldest_first() -> None:
+    producer = _Producer()
+    pub = BufferedPublisher("unused:9092", "samples", max_in_flight=8,
+                            producer_factory=lambda: producer)
+    for i in range(20):
+        pub.publish(_sample(i))
+    _wait(lambda: len(producer.held) == 8)  # the first eight in flight, then the outage
+    for _ in range(2):  # failed once, and again
+        producer.fail_all()
+        _wait(lambda: len(producer.held) == 8)
+        with producer.lock:
+            again = [decode_sample(v)["ts"] - 1_000_000.0 for v, _ in producer.held]
+        assert again == list(range(8))  # the same eight, oldest first
+    producer.up = True
+    producer.release()
+    assert pub.flush(10)
+    pub.close(1)
+    assert [decode_sample(v)["ts"] - 1_000_000.0 for v in producer.delivered] == list(range(20))
+    assert pub.errors["TimeoutError"] == 16 and pub.published == 20 and pub.dropped == 0
+
+
+def test_a_full_buffer_drops_the_oldest_even_while_it_waits_to_be_sent_again() -> None:
+    producer = _Producer()
+    pub = BufferedPublisher("unused:9092", "samples", capacity=10, max_in_flight=4,
+                            producer_factory=lambda: producer)
+    for i in range(10):
+        pub.publish(_sample(i))
+    _wait(lambda: len(producer.held) == 4)
+    producer.fail_all()  # 0-3 wait to be sent again ...
+    _wait(lambda: len(producer.held) == 4)
+    producer.fail_all()
+    for i in range(10, 13):
+        pub.publish(_sample(i))  # ... and the oldest held give way to the newest
+    producer.up = True
+    producer.release()
+    assert pub.flush(10)
+    pub.close(1)
+    delivered = [decode_sample(v)["ts"] - 1_000_000.0 for v in producer.delivered]
+    assert pub.dropped == 3 and len(delivered) == 10
+    assert delivered == sorted(delivered) and delivered[-1] == 12
