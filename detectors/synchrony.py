@@ -104,9 +104,9 @@ def judge(view: WindowView, memory: dict[str, Any]) -> Synchrony:
     nvlink, infiniband = memory.get("nvlink"), memory.get("ib")
     # on an NVLink system a node's GPUs that talk at all talk over it
     gpus = nvlink is not False and not (nvlink is None and infiniband is False) \
-        and not _dispersed(memory, "gpus")
-    nodes = gpus and infiniband is not False and not _dispersed(memory, "nodes") \
-        and not _dispersed(memory, "idle")
+        and _together(memory, "gpus")
+    nodes = gpus and infiniband is not False and _together(memory, "nodes") \
+        and _together(memory, "idle")
     return Synchrony(gpus, nodes)
 
 
@@ -154,6 +154,21 @@ def _spread(memory: dict[str, Any], level: str, spread: float,
     recent = memory.setdefault(f"{level}_spread", [])
     recent.append(spread > limit)
     del recent[:-SPREAD_BINS]
+
+
+def _together(memory: dict[str, Any], level: str) -> bool:
+    """Whether a witness lets the level be compared as one that waits for itself:
+    neither found apart nor torn. Torn is a witness that has judged ``MIN_JUDGED``
+    recent working bins and found more than ``1 - APART_SHARE`` of them apart: a
+    synchronous job's level departs in a bin now and then (a long step that a tick
+    cut, a checkpoint's stragglers), not in one bin of four; replicas whose load
+    hovers near a limit do. A torn level is judged again with every bin, and is
+    compared again once its departures are rare; a training job still warming up
+    (fewer bins judged) is compared as before."""
+    if _dispersed(memory, level):
+        return False
+    recent = memory.get(f"{level}_spread", [])
+    return len(recent) < MIN_JUDGED or sum(recent) <= (1 - APART_SHARE) * len(recent)
 
 
 def _dispersed(memory: dict[str, Any], level: str) -> bool:

@@ -85,3 +85,22 @@ def test_a_synchronous_job_that_hangs_stays_synchronous() -> None:
     """A hung job moves no bytes: once seen moving together, it stays so."""
     fired = _fired(_samples(Fault("hang", "j", None, None, T0 + 100), seconds=200))
     assert [d["kind"] for d in fired] == ["hang"]
+
+
+def test_a_level_whose_witness_is_torn_is_not_compared_until_it_settles() -> None:
+    """Serving replicas whose idle share hovers at the limit are judged apart in some
+    bins and together in others (async_node seed 205 of the envelope: 11 of 24): they
+    are not compared then, nor judged apart for good; a synchronous job whose level
+    departs now and then is compared."""
+    from vigil_gpu_monitor.detectors import synchrony
+    from vigil_gpu_monitor.detectors.synchrony import MIN_JUDGED, SPREAD_BINS
+
+    torn = {"idle_spread": [i % 2 == 0 for i in range(SPREAD_BINS)]}
+    assert not synchrony._together(torn, "idle") and not torn.get("idle_apart")
+    now_and_then = {"idle_spread": [i % 6 == 0 for i in range(SPREAD_BINS)]}  # 4 of 24
+    assert synchrony._together(now_and_then, "idle")
+    warming = {"idle_spread": [True] * (MIN_JUDGED - 1)}
+    assert synchrony._together(warming, "idle")  # too few bins judged to say
+    for _ in range(SPREAD_BINS):
+        synchrony._spread(torn, "idle", 0.0)  # it settles: together again
+    assert synchrony._together(torn, "idle")
