@@ -202,6 +202,9 @@ class Summary(TypedDict):
     # node → [latest raw ts, clock offset or null] of every node the shard keeps (all
     # parts together), in a bin's summary: what stage 2's job clock rests on
     clocks: NotRequired[dict[str, list[float | None]]]
+    # on the job's clock, when the latest of the shard's samples that had waited in its
+    # agent for the broker got through (detectors/delivery.py), in a bin's summary
+    resumed: NotRequired[float | None]
 
 
 class JobClock(TypedDict):

@@ -270,6 +270,10 @@ def summary_schema() -> dict[str, Any]:
                            "prefixItems": [{"type": "number"}, number_or_null]},
                        "description": "optional, in a bin's summary: each node the shard "
                                       "keeps → [latest raw timestamp, clock offset or null]"},
+            "resumed": {"oneOf": [{"type": "null"}, {"type": "number"}],
+                        "description": "optional, in a bin's summary: on the job's clock, "
+                                       "when the latest of the shard's samples that had "
+                                       "waited in its agent for the broker got through"},
         },
     }
 

@@ -41,7 +41,9 @@ MAX_BIN = 2 ** 53
 _FIELDS = {"schema", "job", "shard", "shards", "bin", "next_bin", "part", "parts", "bin_seconds",
            "max_ts", "next_data_bin", "late", "declared", "gpu_metrics", "nic_metrics",
            "nodes", "health", "events"}
-_OPTIONAL = {"clocks"}  # each node's clock (issue #46's job-clock feedback)
+# each node's clock (issue #46's job-clock feedback); when the shard's samples that
+# waited for the broker got through (detectors/delivery.py)
+_OPTIONAL = {"clocks", "resumed"}
 _ROW_FIELDS = {"gpus", "gpu_means", "nics", "nic_means"}
 _HEALTH_FIELDS = {"last", "cadence", "unplaced", "gpus"}
 _EVENT_FIELDS = {"ts", "kind", "node", "gpu", "severity", "metrics", "score", "summary",
@@ -263,6 +265,7 @@ def validate_summary(message: Any) -> Summary:
     if (_num(msg["bin_seconds"], "bin_seconds") or 0.0) <= 0:
         raise _bad("bin_seconds", "must be positive")
     _num(msg["max_ts"], "max_ts", null_ok=True)
+    _num(msg.get("resumed"), "resumed", null_ok=True)
     _int(msg["late"], "late", 0, 1 << 62)
     if msg["declared"] is not None and not isinstance(msg["declared"], bool):
         raise _bad("declared", "must be true, false or null")

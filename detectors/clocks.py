@@ -70,9 +70,11 @@ class ClockOffsets:
                 "estimates": self.estimates, "clock": self.clock,
                 "reference": self.reference, "since_vote": self._since_vote}
 
-    def place(self, sample: Sample) -> tuple[Sample, bool]:
+    def place(self, sample: Sample, learn: bool = True) -> tuple[Sample, bool]:
         """The sample on the job's clock (the same dict when no correction applies),
-        and whether its node is established enough to move the job's watermark."""
+        and whether its node is established enough to move the job's watermark.
+        ``learn``: whether its distance from the job's clock may teach its node's
+        offset (not for a sample that waited for the broker: ``detectors/delivery.py``)."""
         node, ts = sample["node"], sample["ts"]
         newest = ts >= self.latest.get(node, ts)
         if newest:
@@ -83,7 +85,7 @@ class ClockOffsets:
             self._vote()
         count = self.seen[node] = self.seen.get(node, 0) + 1
         voters = self._voters()
-        if voters >= MIN_VOTERS and newest and self.clock is not None:
+        if voters >= MIN_VOTERS and newest and learn and self.clock is not None:
             gap = ts - self.clock
             k = self.estimates[node] = self.estimates.get(node, 0) + 1
             known = self.offset.get(node, gap)

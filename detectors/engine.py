@@ -29,6 +29,7 @@ from vigil_gpu_monitor.detectors import (
     synchrony,
 )
 from vigil_gpu_monitor.detectors.clocks import ClockOffsets
+from vigil_gpu_monitor.detectors.delivery import DeliveryWaits
 from vigil_gpu_monitor.detectors.findings import Finding
 from vigil_gpu_monitor.detectors.grouping import group_by_node
 from vigil_gpu_monitor.detectors.hang import HangParams, find_hang
@@ -77,6 +78,7 @@ class JobEngine:
         self.sync_memory: dict[str, Any] = state.get("synchrony", {})
         self.hang_memory: dict[str, Any] = state.get("hang", {})
         self.clocks = ClockOffsets(state.get("clocks"))
+        self.delivery = DeliveryWaits(state.get("delivery"))
         self.max_ts: float | None = state.get("max_ts")
         self.next_bin: int | None = state.get("next_bin")
         self.late: int = state.get("late", 0)
@@ -100,29 +102,37 @@ class JobEngine:
                 "peer_memory": straggler.memory_state(self.peer_memory),
                 "cost": self.cost_memory, "slowdown": self.slowdown_memory,
                 "synchrony": self.sync_memory, "hang": self.hang_memory,
-                "clocks": self.clocks.to_state(),
+                "clocks": self.clocks.to_state(), "delivery": self.delivery.to_state(),
                 "steps": self.steps.to_state(), "step_memory": self.step_detector.memory,
                 "max_ts": self.max_ts, "next_bin": self.next_bin, "late": self.late}
 
-    def ingest(self, sample: Sample) -> list[Detection]:
+    def ingest(self, sample: Sample, wait: float | None = None) -> list[Detection]:
         """Fold a validated sample in; returns detections firing on this sample.
 
         Its time is first put on the job's clock (``detectors/clocks.py``). A sample
         for a bin already evaluated is counted in ``late`` and only tells that its
-        node is alive.
+        node is alive. ``wait``: how long it sat in its agent before it was sent (its
+        Kafka record's time less its own; None where unknown): ``detectors/delivery.py``.
         """
-        ts, immediate = self.fold(sample)
+        ts, immediate = self.fold(sample, wait)
         if not immediate:
             return []
         return self._with_job_size(self.tracker.update(ts, immediate, set()))
 
-    def fold(self, sample: Sample) -> tuple[float, list[Finding]]:
+    def fold(self, sample: Sample, wait: float | None = None) -> tuple[float, list[Finding]]:
         """``ingest`` without the incident tracker: the per-node part a stage-1 shard
         runs (``detectors/shard.py``). Returns the sample's time on the job's clock
         and the health findings that fire on it (none for a late sample)."""
         raw_ts = sample["ts"]
-        sample, established = self.clocks.place(sample)
+        excess = self.delivery.excess(sample["node"], wait)
+        # a sample that waited for the broker arrives out of its time: how far it is
+        # from the job's clock then is its wait, not its node's clock offset
+        held_up = excess is not None and excess > self.cfg.grace_seconds
+        sample, established = self.clocks.place(sample, learn=not held_up)
         alive_at = self.clocks.alive_at(sample["node"], raw_ts)
+        if held_up:
+            assert excess is not None
+            self.health.delivery_resumed(alive_at + excess)
         placed = self.clocks.on_job_clock(sample["node"], established)
         b = self.window.bin_of(sample["ts"])
         if self.next_bin is None or (self.max_ts is None and b < self.next_bin):
@@ -159,6 +169,7 @@ class JobEngine:
         never taken for a silent node of this job."""
         self.health.forget_node(node)
         self.held.forget_node(node)
+        self.delivery.forget(node)
 
     def advance(self) -> list[Detection]:
         """Evaluate every bin closed by the watermark; return detections to publish."""

@@ -17,7 +17,11 @@
   once in ten million samples (at most ``MAX_SILENT_TICKS`` ticks). A node's silence is
   judged only once its samples are on the job's clock (``detectors/clocks.py``): the
   first sample of a node whose clock is 30 s off, before its offset is known, says
-  nothing about when it was taken.
+  nothing about when it was taken. Nor is silence news while the path to the broker
+  was down: after a sample that waited in its agent for a broker that was away
+  (``detectors/delivery.py``), a node's silence counts only from when that sample
+  got through (``resumed``), so the agents that reconnect a second later are not
+  taken for silent ones.
 
 Events stay open for ``hold_seconds`` after they were last seen, then resolve.
 """
@@ -120,11 +124,21 @@ class HealthMonitor:
         self.cadence: dict[str, list[float]] = state.get("cadence", {})
         # nodes heard from only before their clock offset was known: not judged
         self.unplaced: set[str] = set(state.get("unplaced", []))
+        # when, on the job's clock, the latest sample that waited for a broker that
+        # was away got through: no node's silence counts from before it
+        self.resumed: float | None = state.get("resumed")
 
     def to_state(self) -> dict[str, Any]:
         """JSON-able state for a table or a checkpoint."""
-        return {"gpus": self.gpus, "nodes": self.nodes, "cadence": self.cadence,
-                "unplaced": sorted(self.unplaced)}
+        state: dict[str, Any] = {"gpus": self.gpus, "nodes": self.nodes,
+                                 "cadence": self.cadence, "unplaced": sorted(self.unplaced)}
+        if self.resumed is not None:
+            state["resumed"] = self.resumed
+        return state
+
+    def delivery_resumed(self, at: float) -> None:
+        """A sample that waited for the broker got through at ``at`` (job's clock)."""
+        self.resumed = at if self.resumed is None else max(self.resumed, at)
 
     def _heard_node(self, node: str, ts: float, placed: bool = True,
                     own_ts: float | None = None) -> None:
@@ -371,11 +385,13 @@ class HealthMonitor:
                        if now - t >= shortest and n not in self.unplaced]
         typical = self.typical_interval() if quiet_nodes else None
         after = {n: self._silence_after(n, typical) for n in quiet_nodes}
-        active = [n for n, t in self.nodes.items() if n not in after or now - t < after[n]]
+        # a silence counts from when the path to the broker was last seen back up
+        since = {n: max(self.nodes[n], self.resumed or -math.inf) for n in after}
+        active = [n for n in self.nodes if n not in after or now - since[n] < after[n]]
         if active:
             for node in sorted(after):
                 last = self.nodes[node]
-                if now - last >= after[node]:
+                if now - since[node] >= after[node]:
                     silent.append(Finding(
                         "node_silent", node, None, "critical", (), now - last,
                         f"Node {node} has sent nothing for {now - last:.0f}s while "

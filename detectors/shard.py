@@ -134,11 +134,11 @@ class ShardEngine:
         if next_bin is not None and e.max_ts is not None:
             e.next_bin = next_bin if e.next_bin is None else max(e.next_bin, next_bin)
 
-    def ingest(self, sample: Sample) -> list[Summary]:
+    def ingest(self, sample: Sample, wait: float | None = None) -> list[Summary]:
         """Fold one validated sample of this shard's nodes in; a summary of only events
         when health findings fired on it (sent at once: an XID does not wait for its
-        bin to close)."""
-        ts, found = self.engine.fold(sample)
+        bin to close). ``wait``: as ``JobEngine.ingest``'s."""
+        ts, found = self.engine.fold(sample, wait)
         if not found:
             return []
         return [self._summary(None, [event_of(ts, f) for f in found], health=False)]
@@ -197,6 +197,8 @@ class ShardEngine:
                 "events": events}
         if health and isinstance(e.clocks, FedClockOffsets):
             summary["clocks"] = node_clocks(e.clocks)
+        if health and e.health.resumed is not None:
+            summary["resumed"] = e.health.resumed
         return summary
 
 
@@ -274,6 +276,9 @@ class JobStage2:
         # evaluation of the bin reads of them)
         self.health_at: dict[str, dict[str, dict[str, NodeHealth]]] = state.get(
             "health_at", {})
+        # bin → the latest time a shard's samples were seen to get through after
+        # waiting for the broker, as of that bin (``detectors/delivery.py``)
+        self.resumed_at: dict[str, float] = state.get("resumed_at", {})
         # [the bin before whose evaluation it applies (null: at once), event]
         self.events: list[list[Any]] = state.get("events", [])
         self.clock = JobClockKeeper(shards, state.get("clock"))
@@ -302,7 +307,8 @@ class JobStage2:
                 "parts_seen": self.parts_seen, "newest": self.newest,
                 "node_state": self.node_state,
                 "owner": self.owner, "late": self.late, "done": self.done,
-                "health_at": self.health_at, "events": self.events,
+                "health_at": self.health_at, "resumed_at": self.resumed_at,
+                "events": self.events,
                 "clock": self.clock.to_state(), "clock_sent": self.clock_sent}
 
     def jobclock_due(self) -> JobClock | None:
@@ -363,6 +369,9 @@ class JobStage2:
         self.bins.setdefault(b, {}).setdefault(shard, {}).update(summary["nodes"])
         self.health_at.setdefault(str(b), {}).setdefault(str(shard), {}).update(
             summary["health"])
+        resumed = summary.get("resumed")
+        if resumed is not None:
+            self.resumed_at[str(b)] = max(resumed, self.resumed_at.get(str(b), resumed))
         if len(seen) == summary["parts"]:
             del self.parts_seen[key]
             self.done[str(shard)] = b
@@ -448,9 +457,11 @@ class JobStage2:
         for at in sorted((k for k in self.health_at if int(k) <= b), key=int):
             for shard, fresh in self.health_at.pop(at).items():
                 self._take_health(int(shard), fresh)
+        h = e.health
+        for at in [k for k in self.resumed_at if int(k) <= b]:
+            h.delivery_resumed(self.resumed_at.pop(at))
         self._assemble(b)
         self.clock.settle(b)
-        h = e.health
         h.gpus = self._health_gpus()
         # each a pass in C over the nodes (a dict's comprehension a bin cost 30 ms
         # at 16,384 nodes)
@@ -563,14 +574,15 @@ class ShardedJob:
         self.summaries += 1
         return self.stage2.receive(self.deliver(summary))
 
-    def feed(self, sample: Sample) -> list[Detection]:
+    def feed(self, sample: Sample, wait: float | None = None) -> list[Detection]:
         """One validated sample of this job: its shard ingests it, then every bin the
-        job's watermark closed is sealed by every shard and evaluated by stage 2."""
+        job's watermark closed is sealed by every shard and evaluated by stage 2.
+        ``wait``: as ``JobEngine.ingest``'s."""
         job = self.stage2.engine
         shard = self.shards[shard_of(sample["node"], len(self.shards))]
         e = shard.engine
         e.max_ts, e.next_bin = job.max_ts, job.next_bin
-        summaries = shard.ingest(sample)
+        summaries = shard.ingest(sample, wait)
         job.max_ts, job.next_bin = e.max_ts, e.next_bin
         out: list[Detection] = []
         for summary in summaries:

@@ -58,6 +58,7 @@ class Held(NamedTuple, Generic[T]):
     tp: tuple[str, int]  # (topic, partition)
     offset: int
     item: T
+    wait: float | None = None  # a sample's: its record's time less its own (detectors/delivery.py)
 
 
 class JobAligner(Generic[T]):
@@ -88,8 +89,9 @@ class JobAligner(Generic[T]):
         """Messages waiting."""
         return len(self.samples) + len(self.steps)
 
-    def add_sample(self, ts: float, tp: tuple[str, int], offset: int, item: T, now: float) -> None:
-        self.samples.append(Held(ts, tp, offset, item))
+    def add_sample(self, ts: float, tp: tuple[str, int], offset: int, item: T, now: float,
+                   wait: float | None = None) -> None:
+        self.samples.append(Held(ts, tp, offset, item, wait))
         self.sample_heard = now
 
     def add_steps(self, end: float, tp: tuple[str, int], offset: int, item: T, now: float) -> None:

@@ -337,7 +337,10 @@ class BatchProcessor:
                 return False
             aligner.add_steps(max(ends), tp, msg.offset, item, now)
         else:
-            aligner.add_sample(item["ts"], tp, msg.offset, item, now)  # type: ignore[typeddict-item]
+            ts: float = item["ts"]  # type: ignore[typeddict-item]
+            # how long it sat in its agent: its record's send time less its own
+            aligner.add_sample(ts, tp, msg.offset, item, now,
+                               msg.timestamp - ts if msg.timestamp else None)
         return True
 
     async def release_waiting(self, now: float | None = None) -> int:
@@ -389,7 +392,7 @@ class BatchProcessor:
                 engine.ingest_steps(held.item)  # type: ignore[arg-type]
                 steps_late += engine.late - late
             else:
-                found.extend(engine.ingest(held.item))  # type: ignore[arg-type]
+                found.extend(engine.ingest(held.item, held.wait))  # type: ignore[arg-type]
             found.extend(engine.advance())
             topic, partition = held.tp
             folded[(is_steps, partition)] = held.offset + 1

@@ -117,7 +117,7 @@ class Stage1Processor(BatchProcessor):
         out: list[Summary] = []
         bins = 0
         for _, held in released:  # each sample, then the bins it closes (samples only)
-            out.extend(shard.ingest(held.item))  # type: ignore[arg-type]
+            out.extend(shard.ingest(held.item, held.wait))  # type: ignore[arg-type]
             sealed = shard.seal_closed()
             bins += len(sealed)
             out.extend(sealed)

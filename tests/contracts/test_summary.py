@@ -97,6 +97,8 @@ def _set(msg: Any, path: str, value: Any) -> Any:
     ("health.*.cadence", [1.0], "bad_summary"),
     ("health.*.unplaced", None, "bad_summary"),
     ("health.*.gpus", [], "bad_summary"),
+    ("resumed", "soon", "bad_summary"),
+    ("resumed", True, "bad_summary"),
 ])
 def test_malformed_summaries_are_refused_with_a_reason(summaries: list[Summary], path: str,
                                                        value: Any, reason: str) -> None:
@@ -105,6 +107,15 @@ def test_malformed_summaries_are_refused_with_a_reason(summaries: list[Summary],
     with pytest.raises(ContractError) as err:
         decode_summary(raw)
     assert err.value.reason == reason, err.value
+
+
+def test_when_the_broker_came_back_travels_in_a_bin_summary(summaries: list[Summary]) -> None:
+    """``resumed`` (detectors/delivery.py) is optional: a number, or null."""
+    for value in (START + 12.5, None):
+        msg = _bin_summary(summaries)
+        msg["resumed"] = value
+        jsonschema.validate(msg, SCHEMA)
+        assert decode_summary(encode_summary(msg))["resumed"] == value
 
 
 def test_means_are_checked_as_strictly_as_base64_decodes_them(
