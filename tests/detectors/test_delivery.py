@@ -16,7 +16,7 @@ from vigil_gpu_monitor.simulator.cluster import Cluster, JobSpec, Simulator
 
 T0 = 1_900_000_000.0
 DOWN, UP = T0 + 120, T0 + 180  # the broker is away between these
-NODES = [f"n{i}" for i in range(4)]
+NODES = [f"n{i}" for i in range(6)]
 
 Feed = Callable[[dict[str, Any], float | None], list[Any]]
 
