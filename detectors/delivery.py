@@ -18,6 +18,12 @@ the broker's) is judged against its own habit. A sample that waited more than
 the broker was down until about ``ts + excess``, on the job's clock. The health
 monitor then counts a node's silence only from then (``HealthMonitor.resumed``).
 
+Limit: one agent whose path falls behind for good (its buffer growing, its waits
+rising each tick) reads as an outage that never ends, and keeps the other nodes'
+silence from counting until its usual wait has caught up with its new one (its waits
+then level off at its full buffer's length: some hundreds of its ticks, minutes at a
+1 s tick). A node that dies meanwhile is found that much later.
+
 Waits beyond ``MAX_WAIT`` either way say nothing of an outage. Such a record's time
 and its sample's are on different clocks: a replayed trace, a simulation published in
 one go. A sample without a record time (``vigil replay`` of a file) has no wait, and
