@@ -127,12 +127,11 @@ class JobEngine:
         excess = self.delivery.excess(sample["node"], wait)
         # a sample that waited for the broker arrives out of its time: how far it is
         # from the job's clock then is its wait, not its node's clock offset
-        held_up = excess is not None and excess > self.cfg.grace_seconds
-        sample, established = self.clocks.place(sample, learn=not held_up)
+        held_up = excess if excess is not None and excess > self.cfg.grace_seconds else None
+        sample, established = self.clocks.place(sample, learn=held_up is None)
         alive_at = self.clocks.alive_at(sample["node"], raw_ts)
-        if held_up:
-            assert excess is not None
-            self.health.delivery_resumed(alive_at + excess)
+        if held_up is not None:
+            self.health.delivery_resumed(alive_at + held_up)
         placed = self.clocks.on_job_clock(sample["node"], established)
         b = self.window.bin_of(sample["ts"])
         if self.next_bin is None or (self.max_ts is None and b < self.next_bin):
