@@ -142,8 +142,7 @@ class BufferedPublisher:
     def buffered(self) -> int:
         """Samples not yet acknowledged (in memory, in flight or spooled)."""
         with self._lock:
-            return len(self._buffer) + len(self._retry) + self._in_flight + (
-                len(self.spool) if self.spool else 0)
+            return self._held() + (len(self.spool) if self.spool else 0)
 
     @property
     def dropped(self) -> int:

@@ -75,10 +75,13 @@ def read_topic(cfg: Config, name: str, until: Any, timeout: float,
     return values
 
 
-def start_worker(env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
-    """`vigil worker` in a subprocess, logging to a file."""
+def start_worker(env: dict[str, str], log_path: str | Path,
+                 stage: int | None = None) -> subprocess.Popen[bytes]:
+    """`vigil worker` (``stage``: `vigil worker --stage 1|2`, a sharded job's) in a
+    subprocess, logging to a file."""
+    staged = [] if stage is None else ["--stage", str(stage)]
     with open(log_path, "ab") as log:
-        return subprocess.Popen([*VIGIL, "worker"], env=env, stdout=log,
+        return subprocess.Popen([*VIGIL, "worker", *staged], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
 
 

@@ -16,7 +16,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
-from tests.integration.kafka_helpers import VIGIL, read_topic
+from tests.integration.kafka_helpers import read_topic, start_worker
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
 from vigil_gpu_monitor.contracts.config import Config
@@ -31,12 +31,6 @@ pytestmark = pytest.mark.integration
 START = 1_893_200_000.0
 SHARDS = 4
 NODES = ["a-0", "a-1", "a-4", "a-5"]  # crc32 mod 4: one node a shard
-
-
-def _stage(env: dict[str, str], stage: int, log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as log:
-        return subprocess.Popen([*VIGIL, "worker", "--stage", str(stage)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -74,8 +68,8 @@ def test_a_silent_shard_is_sealed_by_the_fed_back_watermark_over_kafka(
                       value=encode_sample(s))
     producer.flush()
     producer.close()
-    procs = [_stage(isolated_env, 1, tmp_path / "stage1.log"),
-             _stage(isolated_env, 2, tmp_path / "stage2.log")]
+    procs = [start_worker(isolated_env, tmp_path / "stage1.log", stage=1),
+             start_worker(isolated_env, tmp_path / "stage2.log", stage=2)]
     try:
         values = read_topic(isolated_cfg, topics.DETECTIONS,
                             lambda v: _found([dict(decode_detection(x)) for x in v]) >= expected,
@@ -134,7 +128,8 @@ def test_a_silent_shard_left_behind_by_a_stage1_crash_is_revived_over_kafka(
 
     publish(samples[:cut])
     env = dict(isolated_env, VIGIL_WORKER_SESSION_TIMEOUT_SECONDS="8")
-    procs = [_stage(env, 1, tmp_path / "stage1-a.log"), _stage(env, 2, tmp_path / "stage2.log")]
+    procs = [start_worker(env, tmp_path / "stage1-a.log", stage=1),
+             start_worker(env, tmp_path / "stage2.log", stage=2)]
     try:
         read_topic(isolated_cfg, topics.DETECTIONS,
                    lambda v: any(d["kind"] == "node_silent"
@@ -142,7 +137,7 @@ def test_a_silent_shard_left_behind_by_a_stage1_crash_is_revived_over_kafka(
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(timeout=30)
         publish(samples[cut:])
-        procs[0] = _stage(env, 1, tmp_path / "stage1-b.log")
+        procs[0] = start_worker(env, tmp_path / "stage1-b.log", stage=1)
         clocks = read_topic(isolated_cfg, topics.JOBCLOCK, evaluated_past(START + 140), 150,
                             procs[1])
     finally:

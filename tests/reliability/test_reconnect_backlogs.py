@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.kafka_helpers import VIGIL, read_topic, start_worker
+from tests.integration.kafka_helpers import read_topic, start_worker
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection
 from vigil_gpu_monitor.contracts.config import Config
@@ -42,13 +42,8 @@ def _silent(values: list[bytes]) -> list[str | None]:
 def _workers(env: dict[str, str], shards: int, logs: Path) -> list[subprocess.Popen[bytes]]:
     """One worker, or stage 1 and stage 2 of a sharded job (stage 2's last)."""
     if shards == 1:
-        return [start_worker(env, str(logs / "worker.log"))]
-    procs = []
-    for stage in (1, 2):
-        with open(logs / f"stage{stage}.log", "ab") as log:
-            procs.append(subprocess.Popen([*VIGIL, "worker", "--stage", str(stage)], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT))
-    return procs
+        return [start_worker(env, logs / "worker.log")]
+    return [start_worker(env, logs / f"stage{stage}.log", stage) for stage in (1, 2)]
 
 
 @pytest.mark.parametrize("shards", [1, 2])

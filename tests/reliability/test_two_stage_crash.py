@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
-from tests.integration.kafka_helpers import VIGIL, read_topic
+from tests.integration.kafka_helpers import read_topic, start_worker
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
 from vigil_gpu_monitor.contracts.config import Config
@@ -57,12 +57,6 @@ def _publish(cfg: Config, samples: list[dict[str, Any]]) -> None:
     producer.close()
 
 
-def _stage(env: dict[str, str], stage: int, log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as log:
-        return subprocess.Popen([*VIGIL, "worker", "--stage", str(stage)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
-
-
 def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
     if proc.poll() is None:
         proc.send_signal(sig)
@@ -82,8 +76,8 @@ def test_a_stage_killed_mid_trace_publishes_what_replay_gives(
     cut = next(i for i, s in enumerate(samples) if s["ts"] >= START + 140)
     _publish(isolated_cfg, samples[:cut])
     env = dict(isolated_env, VIGIL_WORKER_SESSION_TIMEOUT_SECONDS="8")
-    procs = {1: _stage(env, 1, tmp_path / "stage1-a.log"),
-             2: _stage(env, 2, tmp_path / "stage2-a.log")}
+    procs = {1: start_worker(env, tmp_path / "stage1-a.log", stage=1),
+             2: start_worker(env, tmp_path / "stage2-a.log", stage=2)}
     try:
         seen = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= 1, 150,
                           procs[2])
@@ -92,7 +86,7 @@ def test_a_stage_killed_mid_trace_publishes_what_replay_gives(
         procs[killed].send_signal(signal.SIGKILL)  # ... dies without a goodbye
         procs[killed].wait(timeout=30)
         _publish(isolated_cfg, samples[cut:])
-        procs[killed] = _stage(env, killed, tmp_path / f"stage{killed}-b.log")
+        procs[killed] = start_worker(env, tmp_path / f"stage{killed}-b.log", stage=killed)
         values = read_topic(isolated_cfg, topics.DETECTIONS,
                             lambda v: _keys([decode_detection(x) for x in v]) >= expected,
                             240, procs[2])
