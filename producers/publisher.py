@@ -5,13 +5,25 @@ quietly.
 when the buffer is full the *oldest* sample is dropped and counted. A sender
 thread owns the kafka-python producer (whose constructor blocks up to 30 s when no
 broker answers, and whose own buffer is unbounded in 3.x): it keeps at most
-``max_in_flight`` samples in the producer, removes a sample from the buffer only
-when Kafka acknowledged it (acks=all), and sends failed ones again first, in the
-order they were first sent (a broker that goes away fails every sample in flight;
-put back one by one at the head they would go out newest first, and a worker reads
-a node's samples that arrive older than its newest as late). So while the buffer
-has room nothing is lost across a broker outage, and when it has not, ``dropped``
-says exactly how much was.
+``max_in_flight`` samples in the producer, and removes a sample from the buffer only
+when Kafka acknowledged it (acks=all). So while the buffer has room nothing is lost
+across a broker outage, and when it has not, ``dropped`` says exactly how much was.
+
+**Order across failures.** A worker reads a node's samples that arrive older than
+its newest as late, so a publisher must not let newer samples overtake older ones.
+A producer breaks that order when it fails a sample: kafka-python expires a batch
+that waited out its delivery timeout while the batches after it, younger, still go
+out once the broker is back (seen against a broker that took 25 s to load 5,900
+partitions after a restart: the middle of a run arrived after its end, and the
+worker called five nodes silent). And kafka-python 3.0.12 can stall after such a
+restart: its batches stay queued, never sent and never expired, though the
+partition's leader is known again. So one failure, or a sample unanswered for
+``stall_seconds`` (twice the delivery timeout, which bounds every answer of a working
+producer), puts *every* sample in flight back, in the order they were first taken;
+the producer is force-closed and a new one sends them before anything newer. The old
+producer's late answers are ignored, so ``published`` counts each sample once (any
+it did deliver reach Kafka twice: the worker drops duplicates), and ``errors``
+counts each failure that sent the samples back once.
 
 With a ``Signer`` (``identity.node_key``), each record carries the node's proof of
 its exact value bytes in its headers (``contracts.identity``), computed as it is
@@ -107,13 +119,29 @@ class KafkaPublisher:
 ProducerFactory = Callable[[], Any]
 
 
+def _close(producer: Any, timeout: float) -> None:
+    """Close a kafka-python producer, forcing it closed if it cannot flush in
+    ``timeout``: kafka-python 3.0.12's ``close`` raises ``KafkaTimeoutError`` from
+    its flush before it reaches its own force-close, which would leave its I/O thread
+    running with what it holds."""
+    try:
+        producer.close(timeout=timeout)
+    except KafkaError as exc:
+        log.warning("the Kafka producer did not flush in %.0f s (%s): closing it "
+                    "without waiting", timeout, exc)
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
+
+
 class BufferedPublisher:
     """Bounded, never-blocking, loss-accounted publishing (see the module docstring)."""
 
     def __init__(self, bootstrap: str, topic: str, capacity: int = 100_000,
                  max_in_flight: int = 2000, producer_factory: ProducerFactory | None = None,
                  spool: DiskSpool | None = None, signer: Signer | None = None,
-                 shards: Shards | None = None, **client: Any) -> None:
+                 shards: Shards | None = None, stall_seconds: float = 60.0,
+                 **client: Any) -> None:
         self.topic = topic
         self.shards = shards  # a job split in shards is keyed job#k/K
         self.signer = signer  # signs each value as it is sent (spooled ones too)
@@ -125,10 +153,17 @@ class BufferedPublisher:
             batch_size=256 * 1024, request_timeout_ms=10_000, delivery_timeout_ms=30_000,
             max_block_ms=5_000, reconnect_backoff_max_ms=2_000,
             **{"partitioner": ShardPartitioner(), **client}))
+        self.stall_seconds = stall_seconds
         self._buffer: deque[Item] = deque()
         self._retry: list[tuple[int, Item]] = []  # failed, by the order they were taken
         self._taken = itertools.count()
-        self._in_flight = 0
+        # each send's own number → (when it was taken, its place in the sending order
+        # and item): sent and not answered yet, oldest first (a dict keeps its
+        # insertion order). An answer for a number not here is a late one from a
+        # replaced producer.
+        self._flights = itertools.count()
+        self._flying: dict[int, tuple[float, tuple[int, Item]]] = {}
+        self._replace = False  # a failure: the producer is to be replaced
         self._lock = threading.Condition()
         self.published = 0
         self._dropped = 0
@@ -151,7 +186,7 @@ class BufferedPublisher:
 
     def _held(self) -> int:
         """Samples held in memory: waiting, waiting again, or in flight."""
-        return len(self._buffer) + len(self._retry) + self._in_flight
+        return len(self._buffer) + len(self._retry) + len(self._flying)
 
     def _overflow(self, item: Item) -> None:
         """No room in memory for ``item``: spool it, or count it dropped."""
@@ -162,7 +197,10 @@ class BufferedPublisher:
 
     def publish(self, sample: Sample) -> None:
         """Validate, encode and buffer; never blocks on Kafka."""
-        item = (time.monotonic(), sample_key(sample, self.shards), encode_sample(sample))
+        self._append((time.monotonic(), sample_key(sample, self.shards), encode_sample(sample)))
+
+    def _append(self, item: Item) -> None:
+        """Buffer ``item``, making room by dropping (or spooling) the oldest held."""
         with self._lock:
             if self._held() >= self.capacity:
                 if self._retry:  # the oldest held
@@ -190,59 +228,89 @@ class BufferedPublisher:
         return bool(self._buffer) or bool(self._retry) or bool(
             self.spool is not None and len(self.spool))
 
+    def _stalled(self) -> bool:
+        """Whether the oldest sample in flight has waited ``stall_seconds`` unanswered."""
+        oldest = next(iter(self._flying.values()), None)
+        return oldest is not None and time.monotonic() - oldest[0] > self.stall_seconds
+
+    def _put_back(self) -> None:
+        """Under the lock: every sample in flight back to be sent first, in the order
+        they were first taken, through a new producer."""
+        for _at, taken in self._flying.values():
+            heapq.heappush(self._retry, taken)
+        self._flying.clear()
+        self._replace = True
+        self._lock.notify_all()
+
     def _run(self) -> None:
         producer = None
         while True:
             with self._lock:
                 while not self._stop.is_set() and (
-                        not self._waiting() or self._in_flight >= self.max_in_flight):
+                        not self._waiting() or len(self._flying) >= self.max_in_flight):
+                    if producer is not None and (self._replace or self._stalled()):
+                        break
                     self._lock.wait(0.2)
                 if self._stop.is_set():
                     break
-                taken = self._take()
-                self._in_flight += 1
+                if producer is not None and self._stalled():
+                    log.warning("the Kafka producer answered none of %d samples for %.0f s: "
+                                "sending them again through a new one", len(self._flying),
+                                self.stall_seconds)
+                    self.errors["stalled"] += 1
+                    self._put_back()
+                replace, self._replace = self._replace and producer is not None, False
+                if not replace:
+                    taken = self._take()
+                    flight = next(self._flights)
+                    self._flying[flight] = (time.monotonic(), taken)
+            if replace:
+                _close(producer, 0)
+                producer = None
+                continue
             item = taken[1]
             if producer is None:
                 try:
                     producer = self._factory()  # may block while no broker answers
                 except KafkaError as exc:
-                    self._failed(taken, exc)
+                    self._failed(flight, exc)
                     self._stop.wait(1.0)
                     continue
+                with self._lock:  # its wait starts now (the only sample in flight)
+                    self._flying[flight] = (time.monotonic(), taken)
             try:
                 future = producer.send(self.topic, key=item[1], value=item[2], headers=(
                     self.signer.headers(item[2]) if self.signer is not None else None))
             except KafkaError as exc:  # e.g. no metadata within max_block_ms
-                self._failed(taken, exc)
+                self._failed(flight, exc)
                 self._stop.wait(0.5)
                 continue
-            future.add_callback(self._acked, item)
-            future.add_errback(self._failed, taken)
+            future.add_callback(self._acked, flight)
+            future.add_errback(self._failed, flight)
         if producer is not None:
-            producer.close(timeout=5)
+            _close(producer, 5)
 
-    def _acked(self, item: Item, _meta: Any) -> None:
+    def _acked(self, flight: int, _meta: Any) -> None:
         with self._lock:
-            self._in_flight -= 1
+            sent = self._flying.pop(flight, None)
+            if sent is None:
+                return  # answered late by a replaced producer: already put back
             self.published += 1
-            self.latencies.append(time.monotonic() - item[0])
+            self.latencies.append(time.monotonic() - sent[1][1][0])
             self._lock.notify_all()
 
-    def _failed(self, taken: tuple[int, Item], exc: BaseException) -> None:
-        self.errors[type(exc).__name__] += 1
+    def _failed(self, flight: int, exc: BaseException) -> None:
         with self._lock:
-            self._in_flight -= 1
-            if self._held() >= self.capacity:
-                self._overflow(taken[1])  # no room to retry it in memory
-            else:
-                heapq.heappush(self._retry, taken)
-            self._lock.notify_all()
+            if flight not in self._flying:
+                return  # answered late by a replaced producer: already put back
+            self.errors[type(exc).__name__] += 1
+            self._put_back()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything buffered is acknowledged; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._waiting() or self._in_flight:
+            while self._waiting() or self._flying:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -251,7 +319,8 @@ class BufferedPublisher:
 
     def close(self, timeout: float = 30.0) -> bool:
         """Flush (bounded by ``timeout``), then stop the sender; True if nothing was left.
-        With a spool, what is left in memory is written to it for the next start."""
+        With a spool, what is left in memory, unanswered samples included, is written
+        to it for the next start."""
         flushed = self.flush(timeout)
         self._stop.set()
         with self._lock:
@@ -259,6 +328,7 @@ class BufferedPublisher:
         self._thread.join(10)
         if self.spool is not None:
             with self._lock:
+                self._put_back()  # unanswered: they may not have got through
                 while self._retry:
                     item = heapq.heappop(self._retry)[1]
                     self.spool.append(item[1], item[2])

@@ -49,15 +49,7 @@ class BufferedStepPublisher(BufferedPublisher):
 
     def publish_steps(self, batch: StepBatch) -> None:
         """Validate, encode and buffer; never blocks on Kafka."""
-        item = (time.monotonic(), batch["job"].encode(), encode_steps(batch))
-        with self._lock:
-            if len(self._buffer) + self._in_flight >= self.capacity:
-                if not self._buffer:
-                    self._overflow(item)
-                    return
-                self._overflow(self._buffer.popleft())
-            self._buffer.append(item)
-            self._lock.notify()
+        self._append((time.monotonic(), batch["job"].encode(), encode_steps(batch)))
 
 
 def _steps(raw: Any) -> list[StepTiming]:
