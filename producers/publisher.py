@@ -17,7 +17,9 @@ out once the broker is back (seen against a broker that took 25 s to load 5,900
 partitions after a restart: the middle of a run arrived after its end, and the
 worker called five nodes silent). And kafka-python 3.0.12 can stall after such a
 restart: its batches stay queued, never sent and never expired, though the
-partition's leader is known again. So one failure, or a sample unanswered for
+partition's leader is known again. So one retriable failure (a timeout, the broker
+away; a sample refused for good, by an ACL say, goes back alone), or a sample
+unanswered for
 ``stall_seconds`` (twice the delivery timeout, which bounds every answer of a working
 producer), puts *every* sample in flight back, in the order they were first taken;
 the producer is force-closed and a new one sends them before anything newer. The old
@@ -301,10 +303,16 @@ class BufferedPublisher:
 
     def _failed(self, flight: int, exc: BaseException) -> None:
         with self._lock:
-            if flight not in self._flying:
+            sent = self._flying.get(flight)
+            if sent is None:
                 return  # answered late by a replaced producer: already put back
             self.errors[type(exc).__name__] += 1
-            self._put_back()
+            if getattr(exc, "retriable", False):  # a timeout, the broker away: order at stake
+                self._put_back()
+            else:  # refused for good (an ACL, a size): it alone waits to be sent again
+                del self._flying[flight]
+                heapq.heappush(self._retry, sent[1])
+                self._lock.notify_all()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything buffered is acknowledged; False on timeout."""

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kafka.errors import KafkaTimeoutError, TopicAuthorizationFailedError
+
 from vigil_gpu_monitor.contracts import SAMPLE_SCHEMA
 from vigil_gpu_monitor.contracts.codec import decode_sample
 from vigil_gpu_monitor.producers.publisher import BufferedPublisher
@@ -59,7 +61,7 @@ class _Producer:
             held, self.held = self.held, []
         for _value, future in held:  # in the order they were sent, as a timeout fails them
             for fn, args in future.errbacks:
-                fn(*args, TimeoutError("delivery timed out"))
+                fn(*args, KafkaTimeoutError("delivery timed out"))
 
     def fail_oldest(self, n: int) -> None:
         """The oldest ``n`` time out (one expired batch); the rest stay held."""
@@ -67,7 +69,7 @@ class _Producer:
             failed, self.held = self.held[:n], self.held[n:]
         for _value, future in failed:
             for fn, args in future.errbacks:
-                fn(*args, TimeoutError("delivery timed out"))
+                fn(*args, KafkaTimeoutError("delivery timed out"))
 
     def release(self) -> None:
         with self.lock:
@@ -111,7 +113,7 @@ def test_samples_failed_in_flight_are_sent_again_oldest_first() -> None:
     assert pub.flush(10)
     pub.close(1)
     assert [decode_sample(v)["ts"] - 1_000_000.0 for v in producer.delivered] == list(range(20))
-    assert pub.errors["TimeoutError"] == 2 and pub.published == 20 and pub.dropped == 0
+    assert pub.errors["KafkaTimeoutError"] == 2 and pub.published == 20 and pub.dropped == 0
 
 
 def test_a_full_buffer_drops_the_oldest_even_while_it_waits_to_be_sent_again() -> None:
@@ -162,7 +164,7 @@ def test_a_producer_that_never_answers_is_replaced_and_its_samples_sent_again() 
     stalled.fail_all()
     pub.close(1)
     assert pub.published == 10 and pub.buffered == 0 and pub.dropped == 0
-    assert pub.errors["TimeoutError"] == 0
+    assert pub.errors["KafkaTimeoutError"] == 0
 
 
 def test_one_failure_sends_everything_in_flight_again_in_order_through_a_new_producer() -> None:
@@ -182,7 +184,7 @@ def test_one_failure_sends_everything_in_flight_again_in_order_through_a_new_pro
     first.release()  # what the first still held gets through, late: counted nowhere
     pub.close(1)
     assert [decode_sample(v)["ts"] - 1_000_000.0 for v in second.delivered] == list(range(12))
-    assert pub.published == 12 and pub.errors["TimeoutError"] == 1 and pub.buffered == 0
+    assert pub.published == 12 and pub.errors["KafkaTimeoutError"] == 1 and pub.buffered == 0
 
 
 def test_samples_unanswered_at_close_go_to_the_spool(tmp_path: Path) -> None:
@@ -199,3 +201,24 @@ def test_samples_unanswered_at_close_go_to_the_spool(tmp_path: Path) -> None:
     spool = DiskSpool(tmp_path / "spool")
     records = [spool.pop() for _ in range(len(spool))]
     assert [decode_sample(r[1])["ts"] - 1_000_000.0 for r in records if r] == list(range(6))
+
+
+def test_a_sample_refused_for_good_goes_back_alone() -> None:
+    """An error Kafka will not retry (an ACL) is no broken order: the producer stays,
+    and the sample waits to be sent again while the others go on."""
+    producer = _Producer()
+    pub = BufferedPublisher("unused:9092", "samples", max_in_flight=4,
+                            producer_factory=lambda: producer)
+    for i in range(4):
+        pub.publish(_sample(i))
+    _wait(lambda: len(producer.held) == 4)
+    with producer.lock:
+        (_value, future), producer.held = producer.held[0], producer.held[1:]
+    producer.up = True
+    for fn, args in future.errbacks:
+        fn(*args, TopicAuthorizationFailedError("denied"))
+    producer.release()
+    assert pub.flush(10)
+    pub.close(1)
+    assert pub.errors["TopicAuthorizationFailedError"] == 1 and pub.published == 4
+    assert sorted(decode_sample(v)["ts"] - 1_000_000.0 for v in producer.delivered) == [0, 1, 2, 3]
