@@ -15,6 +15,7 @@ scenarios) take 680 s of CPU: 6-13 minutes on the shared 2 cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="",
                         help="comma-separated envelope parameters (default: every one)")
     parser.add_argument("--classes", default="", help="comma-separated classes (default: all)")
+    parser.add_argument("--seconds", type=float, default=0.0,
+                        help="run every scenario this long (default: each its own length)")
     parser.add_argument("--json", default="", help="also write the table here")
     parser.add_argument("--verbose", action="store_true",
                         help="print every false alarm and every missed fault")
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown classes: {', '.join(sorted(wanted - {c.name for c in CLASSES}))}")
     classes = tuple(c for c in CLASSES if not wanted or c.name in wanted)
     plan = rows(params)
-    tasks = [(row, sc) for row in plan for sc in scenarios(row, seeds, sizes, classes)]
+    tasks = [(row, dataclasses.replace(sc, duration=args.seconds) if args.seconds else sc)
+             for row in plan for sc in scenarios(row, seeds, sizes, classes)]
     began = time.monotonic()
     results: dict[Row, list[dict[str, Any]]] = defaultdict(list)
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
