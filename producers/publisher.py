@@ -19,10 +19,10 @@ worker called five nodes silent). And kafka-python 3.0.12 can stall after such a
 restart: its batches stay queued, never sent and never expired, though the
 partition's leader is known again. So one retriable failure (a timeout, the broker
 away; a sample refused for good, by an ACL say, goes back alone), or a sample
-unanswered for
-``stall_seconds`` (twice the delivery timeout, which bounds every answer of a working
-producer), puts *every* sample in flight back, in the order they were first taken;
-the producer is force-closed and a new one sends them before anything newer. The old
+unanswered for ``stall_seconds`` (twice the delivery timeout, which bounds every
+answer of a working producer), puts *every* sample in flight back, in the order they
+were first taken; the producer is force-closed and a new one sends them before
+anything newer. The old
 producer's late answers are ignored, so ``published`` counts each sample once (any
 it did deliver reach Kafka twice: the worker drops duplicates), and ``errors``
 counts each failure that sent the samples back once.
