@@ -25,7 +25,9 @@ were first taken; the producer is force-closed and a new one sends them before
 anything newer. The old
 producer's late answers are ignored, so ``published`` counts each sample once (any
 it did deliver reach Kafka twice: the worker drops duplicates), and ``errors``
-counts each failure that sent the samples back once.
+counts each failure that sent the samples back once. A younger batch the broker took
+before the failure was noticed cannot be called back: the order is kept for what a
+failure returns (in the restarts seen, nothing got through before the expiry).
 
 With a ``Signer`` (``identity.node_key``), each record carries the node's proof of
 its exact value bytes in its headers (``contracts.identity``), computed as it is
