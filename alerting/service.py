@@ -64,10 +64,63 @@ STATUS_KEEP_SECONDS = 3600.0  # a job or worker silent this long leaves the live
 STATUS_PRUNE_EVERY = 60.0
 
 
-def kafka_producer(cfg: Config) -> KafkaProducer:
+def kafka_producer(cfg: Config) -> RenewingProducer:
     """The alerter's producer (alerts and actions topics): every write acknowledged by
-    all in-sync replicas, with the configured security."""
-    return KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all", **cfg.kafka_client)
+    all in-sync replicas, with the configured security; renewed after a failure."""
+    return RenewingProducer(lambda **more: KafkaProducer(
+        bootstrap_servers=cfg.kafka_bootstrap, acks="all", **cfg.kafka_client, **more))
+
+
+class RenewingProducer:
+    """A kafka-python producer that is replaced after any failed send, for callers that
+    send one record and wait for it (``send(...).get(timeout)``, as the alerts channel
+    and the remediation audit do). kafka-python 3.0.12's producer can stall after a
+    broker restart, neither sending nor expiring what it holds
+    (``producers/publisher.py``): every later record would wait behind it until the
+    alerter restarts. The new producer is made with the broker version the old one
+    learned, so making it never waits on a broker that is away; the old one is
+    closed without waiting (forced where its ``close`` raises from its flush)."""
+
+    def __init__(self, make: Callable[..., Any]) -> None:
+        self._make = make
+        self.producer = make()
+        self.renewed = 0
+
+    def send(self, topic: str, **record: Any) -> _Sent:
+        try:
+            return _Sent(self, self.producer.send(topic, **record))
+        except Exception:
+            self.renew()
+            raise
+
+    def renew(self) -> None:
+        """Replace the producer (after a failure)."""
+        old = self.producer
+        self.producer = self._make(api_version=old.config["api_version"])
+        self.renewed += 1
+        try:
+            old.close(timeout=0)
+        except Exception:  # kafka-python 3.0.12 raises from its flush before forcing
+            sender = getattr(old, "_sender", None)
+            if sender is not None:
+                sender.force_close()
+
+    def close(self, timeout: float | None = None) -> None:
+        self.producer.close(timeout=timeout)
+
+
+class _Sent:
+    """A sent record's future: a failed wait renews its producer."""
+
+    def __init__(self, owner: RenewingProducer, future: Any) -> None:
+        self.owner, self.future = owner, future
+
+    def get(self, timeout: float | None = None) -> Any:
+        try:
+            return self.future.get(timeout=timeout)
+        except Exception:
+            self.owner.renew()
+            raise
 
 
 def build_channels(cfg: Config, producer: Any = None) -> dict[str, tuple[Channel, Route, float]]:
