@@ -144,7 +144,7 @@ class BufferedPublisher:
     def __init__(self, bootstrap: str, topic: str, capacity: int = 100_000,
                  max_in_flight: int = 2000, producer_factory: ProducerFactory | None = None,
                  spool: DiskSpool | None = None, signer: Signer | None = None,
-                 shards: Shards | None = None, stall_seconds: float = 60.0,
+                 shards: Shards | None = None, stall_seconds: float | None = None,
                  **client: Any) -> None:
         self.topic = topic
         self.shards = shards  # a job split in shards is keyed job#k/K
@@ -157,7 +157,9 @@ class BufferedPublisher:
             batch_size=256 * 1024, request_timeout_ms=10_000, delivery_timeout_ms=30_000,
             max_block_ms=5_000, reconnect_backoff_max_ms=2_000,
             **{"partitioner": ShardPartitioner(), **client}))
-        self.stall_seconds = stall_seconds
+        # twice the delivery timeout (the default factory's, or the one ``client`` sets)
+        self.stall_seconds = stall_seconds if stall_seconds is not None else (
+            2 * client.get("delivery_timeout_ms", 30_000) / 1000)
         self._buffer: deque[Item] = deque()
         self._retry: list[tuple[int, Item]] = []  # failed, by the order they were taken
         self._taken = itertools.count()
