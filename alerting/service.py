@@ -84,7 +84,6 @@ class RenewingProducer:
     def __init__(self, make: Callable[..., Any]) -> None:
         self._make = make
         self.producer = make()
-        self.renewed = 0
 
     def send(self, topic: str, **record: Any) -> _Sent:
         try:
@@ -97,16 +96,12 @@ class RenewingProducer:
         """Replace the producer (after a failure)."""
         old = self.producer
         self.producer = self._make(api_version=old.config["api_version"])
-        self.renewed += 1
         try:
             old.close(timeout=0)
         except Exception:  # kafka-python 3.0.12 raises from its flush before forcing
             sender = getattr(old, "_sender", None)
             if sender is not None:
                 sender.force_close()
-
-    def close(self, timeout: float | None = None) -> None:
-        self.producer.close(timeout=timeout)
 
 
 class _Sent:

@@ -60,7 +60,8 @@ def _workers(env: dict[str, str], shards: int, logs: Path) -> list[subprocess.Po
 
 def test_backlogs_after_a_broker_outage_are_no_silence_and_a_dead_node_is_found(
         isolated_env: dict[str, str], tmp_path: Path) -> None:
-    cfgs = {k: load(env=_beside(isolated_env, f"-{k}")) for k in SHARDS}
+    envs = {k: _beside(isolated_env, f"-{k}") for k in SHARDS}
+    cfgs = {k: load(env=env) for k, env in envs.items()}
     for cfg in cfgs.values():
         ensure_topics(cfg)
     start = float(int(time.time()) + 2)
@@ -71,8 +72,7 @@ def test_backlogs_after_a_broker_outage_are_no_silence_and_a_dead_node_is_found(
     agents = {(k, n): BufferedPublisher(
         cfg.kafka_bootstrap, topics.topic(topics.SAMPLES, cfg.kafka.topic_prefix),
         shards=lambda _job, k=k: k) for k, cfg in cfgs.items() for n in NODES}
-    workers = {k: _workers(_beside(isolated_env, f"-{k}"), k, tmp_path / f"shards-{k}")
-               for k in SHARDS}
+    workers = {k: _workers(env, k, tmp_path / f"shards-{k}") for k, env in envs.items()}
 
     def logs(k: int) -> str:
         return "\n".join(p.read_text()[-2000:]
