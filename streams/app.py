@@ -36,6 +36,7 @@ mode is not used: it is broken upstream (faust-streaming issues 517, 323, 440).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -54,6 +55,7 @@ from vigil_gpu_monitor.streams.align import AlignParams
 from vigil_gpu_monitor.streams.continuity import Continuity
 from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import BatchProcessor
+from vigil_gpu_monitor.streams.timers import guarded_timer
 
 log = logging.getLogger(__name__)
 QUIET_CHECKPOINT_SECONDS = 2.0  # a job with no batch this long is checkpointed
@@ -198,41 +200,34 @@ def wire_processor(app: faust.App, cfg: Config, metrics: WorkerMetrics,
                 metrics.errors.inc()
                 log.exception("%sbatch of %d messages failed", label, len(events))
 
-    @app.timer(interval=1.0)
-    async def watch_offsets() -> None:
-        # An exception in a Faust timer ends the worker; an offset lookup that fails
-        # (broker away, group rebalancing) is simply tried again on the next tick.
-        try:
-            await continuity.watch()
-        except Exception as exc:
-            log.warning("offset watch failed, retrying in 1 s: %r", exc)
+    timer = functools.partial(guarded_timer, app, metrics=metrics)
 
-    @app.timer(interval=1.0)
+    @timer(1.0, what=f"{label}offset watch")
+    async def watch_offsets() -> None:
+        await continuity.watch()
+
+    @timer(1.0, what=f"{label}quiet checkpoint")
     async def checkpoint_quiet() -> None:
         # a job that stopped sending must not hold the commit back (commit_floor), nor
         # wait on for a topic it no longer sends (streams.align)
         processor.checkpoint_quiet(QUIET_CHECKPOINT_SECONDS)
         processor.evict_idle(IDLE_EVICT_SECONDS)
-        try:
-            await processor.release_waiting()
-        except Exception:  # an exception in a Faust timer ends the worker: count, log
-            metrics.errors.inc()
-            log.exception("folding the messages that waited failed")
+        await processor.release_waiting()
 
-    @app.timer(interval=5.0)
+    @timer(5.0, what=f"{label}lag report")
     async def report_lag() -> None:
         lag_now.clear()
         for tp in app.consumer.assignment():
             if tp.topic != inbound[0]:
                 continue
             high = app.consumer.highwater(tp)
-            position = await app.consumer.position(tp)
+            position = await app.consumer.position(tp)  # raises if revoked meanwhile
             if high is not None and position is not None:
                 lag_now[str(tp.partition)] = max(0, high - position)
                 metrics.lag.labels(str(tp.partition)).set(lag_now[str(tp.partition)])
 
     if cfg.worker.status_seconds > 0:
-        @app.timer(interval=cfg.worker.status_seconds)
+        @timer(cfg.worker.status_seconds, what=f"{label}status")
         async def publish_status() -> None:
             """Each evaluated job's heat and this worker's health, for `vigil top`."""
             for msg in processor.status_messages(time.time(), lag_now):

@@ -66,20 +66,35 @@ def _older(new: JobClock, held: JobClock) -> bool:
 
 
 async def read_jobclocks(feed: JobClockFeed, topic: str, bootstrap: str,
-                         auth: dict[str, Any], stop: asyncio.Event | None = None) -> None:
+                         auth: dict[str, Any], stop: asyncio.Event | None = None,
+                         retry_seconds: float = 5.0) -> None:
     """Read ``topic`` from its start into ``feed`` until cancelled (or ``stop`` is
-    set). A broker away is waited for by the client, as the worker's own consumer does."""
+    set). A broker away is waited for by the client, as the worker's own consumer
+    does; a Kafka error that still comes out of it (no broker at start: aiokafka's
+    ``start`` raises) is logged and the topic read again from its start
+    ``retry_seconds`` later (the feed keeps each job's newest clock, so the clocks
+    read twice change nothing). This runs as a Faust task, and an exception out of
+    one would end the worker."""
     from aiokafka import AIOKafkaConsumer  # faust's Kafka client; imported where used
+    from aiokafka.errors import KafkaError
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
-                                enable_auto_commit=False, auto_offset_reset="earliest",
-                                client_id="vigil-jobclock", **auth)
-    await consumer.start()
-    try:
-        while stop is None or not stop.is_set():
-            batches = await consumer.getmany(timeout_ms=500, max_records=1000)
-            for records in batches.values():
-                for record in records:
-                    feed.take(record.value)
-    finally:
-        await consumer.stop()
+    while stop is None or not stop.is_set():
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
+                                    enable_auto_commit=False, auto_offset_reset="earliest",
+                                    client_id="vigil-jobclock", **auth)
+        failed = False
+        try:
+            await consumer.start()
+            while stop is None or not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=500, max_records=1000)
+                for records in batches.values():
+                    for record in records:
+                        feed.take(record.value)
+        except KafkaError as exc:
+            failed = True
+            log.warning("reading the job clocks (%s) failed, read again from its start "
+                        "in %g s: %r", topic, retry_seconds, exc)
+        finally:
+            await consumer.stop()
+        if failed:
+            await asyncio.sleep(retry_seconds)

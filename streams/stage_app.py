@@ -14,7 +14,6 @@ clock back on ``vigil.jobclock``; every stage-1 worker reads that topic whole
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import time
@@ -40,8 +39,8 @@ from vigil_gpu_monitor.streams.metrics import WorkerMetrics
 from vigil_gpu_monitor.streams.processor import BatchProcessor
 from vigil_gpu_monitor.streams.stage1 import Stage1Processor
 from vigil_gpu_monitor.streams.stage2 import Stage2Processor
+from vigil_gpu_monitor.streams.timers import guarded_timer
 
-log = logging.getLogger(__name__)
 JOBCLOCK_SEAL_SECONDS = 1.0  # how often stage 1 seals what the jobs' watermarks closed
 
 
@@ -134,19 +133,15 @@ def _seal_quiet_shards(app: faust.App, stage1: Stage1Processor, continuity: Cont
 
     app.on_partitions_assigned.connect(_on_assigned)  # type: ignore[arg-type]
 
-    @app.timer(interval=JOBCLOCK_SEAL_SECONDS)
+    @guarded_timer(app, JOBCLOCK_SEAL_SECONDS, metrics, "stage 1: sealing by the jobs' clocks")
     async def seal_by_jobclock() -> None:
-        try:
-            now = time.monotonic()
-            assigned = [tp for tp in app.consumer.assignment() if tp.topic == samples]
-            for tp in assigned:
-                handled = stage1.handled.get((tp.topic, tp.partition))
-                if handled is None:  # nothing since the assignment: where it was anchored
-                    handled = continuity.guard.untouched_at(TP(tp.topic, tp.partition))
-                caught_up.note(tp.partition, app.consumer.highwater(tp), handled, now)
-            await stage1.revive_stalling({tp.partition for tp in assigned},
-                                         caught_up.handled_as_of, now)
-            await stage1.seal_by_jobclock(now, caught_up.handled_as_of)
-        except Exception:  # an exception in a Faust timer ends the worker: count, log
-            metrics.errors.inc()
-            log.exception("stage 1: sealing by the jobs' clocks failed")
+        now = time.monotonic()
+        assigned = [tp for tp in app.consumer.assignment() if tp.topic == samples]
+        for tp in assigned:
+            handled = stage1.handled.get((tp.topic, tp.partition))
+            if handled is None:  # nothing since the assignment: where it was anchored
+                handled = continuity.guard.untouched_at(TP(tp.topic, tp.partition))
+            caught_up.note(tp.partition, app.consumer.highwater(tp), handled, now)
+        await stage1.revive_stalling({tp.partition for tp in assigned},
+                                     caught_up.handled_as_of, now)
+        await stage1.seal_by_jobclock(now, caught_up.handled_as_of)

@@ -75,6 +75,19 @@ def read_topic(cfg: Config, name: str, until: Any, timeout: float,
     return values
 
 
+def log_excerpt(path: str | Path, tail: int = 3000) -> str:
+    """What a failed test shows of a worker's log: the first ERROR, CRITICAL or
+    traceback with the 40 lines after it (a crash's cause, long scrolled out of
+    the tail by the stop that follows it), then the log's last ``tail`` characters."""
+    text = Path(path).read_text(errors="replace") if Path(path).exists() else ""
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines)
+                  if "[ERROR]" in line or "[CRITICAL]" in line or " ERROR " in line
+                  or line.startswith("Traceback")), None)
+    head = "" if first is None else "\n".join(lines[first:first + 40])[:4000] + "\n[...]\n"
+    return f"--- {Path(path).name}\n{head}{text[-tail:]}"
+
+
 def start_worker(env: dict[str, str], log_path: str | Path,
                  stage: int | None = None) -> subprocess.Popen[bytes]:
     """`vigil worker` (``stage``: `vigil worker --stage 1|2`, a sharded job's) in a
@@ -121,7 +134,7 @@ def pipeline_through(env: dict[str, str], node: str, gpu: str, start: float,
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
     assert [(d["node"], d["gpu"]) for d in found if d["state"] == "firing"] == [(node, gpu)], (
-        log_path.read_text()[-3000:])
+        log_excerpt(log_path))
     subprocess.run([*VIGIL, "alerter", "--max-seconds", "15"], env=env, check=True, timeout=90)
     state = LiveState(redis.Redis.from_url(cfg.redis_url), cfg.redis.key_prefix)
     return [(d["node"], d["gpu"]) for d in state.open_incidents()]

@@ -17,7 +17,7 @@ import pytest
 import redis
 from kafka import KafkaProducer
 
-from tests.integration.kafka_helpers import VIGIL, read_topic, start_worker
+from tests.integration.kafka_helpers import VIGIL, log_excerpt, read_topic, start_worker
 from tests.integration.ports import free_port
 from tests.integration.scrape import metric
 from vigil_gpu_monitor.alerting.remediation import audit_log
@@ -80,7 +80,7 @@ def test_a_forged_sample_is_dead_lettered_counted_and_never_acted_on(
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
-    log = (tmp_path / "worker.log").read_text()[-3000:]
+    log = log_excerpt(tmp_path / "worker.log")
     assert Counter(json.loads(v)["reason"] for v in dead) == sent, log
     assert counted == {reason: float(n) for reason, n in sent.items()}, log
     firing = {(d["kind"], d["node"], d["gpu"]) for d in map(decode_detection, dets)

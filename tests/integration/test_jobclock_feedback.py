@@ -16,7 +16,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
-from tests.integration.kafka_helpers import read_topic, start_worker
+from tests.integration.kafka_helpers import log_excerpt, read_topic, start_worker
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
 from vigil_gpu_monitor.contracts.config import Config
@@ -41,7 +41,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _logs(folder: Path) -> str:
-    return "\n".join(p.read_text()[-2000:] for p in sorted(folder.glob("stage*.log")))
+    return "\n".join(log_excerpt(p, 2000) for p in sorted(folder.glob("stage*.log")))
 
 
 def _found(detections: list[dict[str, Any]]) -> set[tuple[str, str, float]]:
@@ -134,6 +134,7 @@ def test_a_silent_shard_left_behind_by_a_stage1_crash_is_revived_over_kafka(
         read_topic(isolated_cfg, topics.DETECTIONS,
                    lambda v: any(d["kind"] == "node_silent"
                                  for d in (decode_detection(x) for x in v)), 120, procs[1])
+        assert procs[1].poll() is None, _logs(tmp_path)  # stage 2 alive to the end
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(timeout=30)
         publish(samples[cut:])

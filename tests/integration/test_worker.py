@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from kafka import KafkaConsumer
 
-from tests.integration.kafka_helpers import publish, read_topic, start_worker
+from tests.integration.kafka_helpers import log_excerpt, publish, read_topic, start_worker
 from tests.integration.ports import free_port
 from tests.integration.scrape import metric
 from vigil_gpu_monitor.contracts import topics
@@ -67,7 +67,7 @@ def test_poison_is_dead_lettered_and_good_samples_still_detected(
         worker.wait(timeout=60)
     records = [json.loads(v) for v in dead]
     assert Counter(r["reason"] for r in records) == Counter(
-        {reason: 2 for reason in POISON}), (tmp_path / "worker.log").read_text()[-3000:]
+        {reason: 2 for reason in POISON}), log_excerpt(tmp_path / "worker.log")
     originals = {base64.b64decode(r["original_b64"]) for r in records}
     assert originals == set(POISON.values())
     assert all(r["source"]["topic"].endswith("vigil.samples") for r in records)
@@ -87,7 +87,7 @@ def test_killed_worker_is_replaced_without_losing_or_refiring(
     first = start_worker(env, str(tmp_path / "worker-1.log"))
     try:
         seen = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= 1, 150, first)
-        assert _firing(seen), (tmp_path / "worker-1.log").read_text()[-3000:]
+        assert _firing(seen), log_excerpt(tmp_path / "worker-1.log")
         publish(isolated_cfg, samples[cut:cut + 200])  # mid-stream ...
         first.send_signal(signal.SIGKILL)  # ... the worker dies without a goodbye
         first.wait(timeout=30)
@@ -107,7 +107,7 @@ def test_killed_worker_is_replaced_without_losing_or_refiring(
     blamed = Counter((d["job"], d["kind"], d["node"], d["gpu"]) for d in firing)
     assert set(blamed) == {("job-a", "straggler", "a2", "6"),
                            ("job-b", "node_silent", "b3", None)}, (
-        (tmp_path / "worker-2.log").read_text()[-3000:])
+        log_excerpt(tmp_path / "worker-2.log"))
     assert all(n == 1 for n in blamed.values()), f"an incident fired twice: {blamed}"
     assert len({d["id"] for d in firing}) == 2
 

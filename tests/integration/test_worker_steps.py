@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.kafka_helpers import VIGIL, publish_trace, read_topic, start_worker
+from tests.integration.kafka_helpers import (
+    VIGIL,
+    log_excerpt,
+    publish_trace,
+    read_topic,
+    start_worker,
+)
 from tests.integration.ports import free_port
 from tests.integration.scrape import metric
 from tests.streams.step_trace import is_steps, keys, slow_rank_trace
@@ -64,7 +70,7 @@ def test_the_worker_decides_on_timings_what_replay_decides(
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
     published = keys([decode_detection(v) for v in values])  # type: ignore[misc]
-    tail = log.read_text()[-3000:]
+    tail = log_excerpt(log)
     assert published == expected, f"{published ^ expected}\n{tail}"
     [letter] = [json.loads(v) for v in dead]
     assert letter["reason"] == "invalid_json"

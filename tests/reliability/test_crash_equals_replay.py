@@ -18,7 +18,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.kafka_helpers import publish, publish_trace, read_topic, start_worker
+from tests.integration.kafka_helpers import (
+    log_excerpt,
+    publish,
+    publish_trace,
+    read_topic,
+    start_worker,
+)
 from tests.streams.step_trace import replayed
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection
@@ -92,7 +98,7 @@ def test_a_worker_killed_mid_trace_publishes_what_replay_gives(
     first = start_worker(env, str(tmp_path / "worker-1.log"))
     try:  # killed once it has published some of what the first part holds
         seen = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= 3, 150, first)
-        assert seen, (tmp_path / "worker-1.log").read_text()[-3000:]
+        assert seen, log_excerpt(tmp_path / "worker-1.log")
     finally:
         _kill(first)
     _publish(isolated_cfg, samples[cut:], timings)
@@ -105,6 +111,6 @@ def test_a_worker_killed_mid_trace_publishes_what_replay_gives(
         second.send_signal(signal.SIGTERM)
         second.wait(timeout=60)
     published = _keys([decode_detection(v) for v in values])
-    log = (tmp_path / "worker-2.log").read_text()[-2000:]
+    log = log_excerpt(tmp_path / "worker-2.log", 2000)
     assert published - expected == set(), f"not in replay: {published - expected}\n{log}"
     assert expected - published == set(), f"missing: {expected - published}\n{log}"

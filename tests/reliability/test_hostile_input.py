@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.kafka_helpers import publish, read_topic, start_worker
+from tests.integration.kafka_helpers import log_excerpt, publish, read_topic, start_worker
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import MAX_MESSAGE_BYTES, DroppedReading, encode_sample
 from vigil_gpu_monitor.contracts.config import Config
@@ -163,7 +163,7 @@ def test_worker_dead_letters_hostile_input_and_still_detects(
     records = [json.loads(v) for v in dead]
     want = Counter({r: 2 * len(xs) for r, xs in sendable.items() if xs})
     assert Counter(r["reason"] for r in records) == want, (
-        (tmp_path / "worker.log").read_text()[-3000:])
+        log_excerpt(tmp_path / "worker.log"))
     big = [r for r in records if r["reason"] == "too_large"]
     assert all(r["original_bytes"] == len(sendable["too_large"][0]) for r in big)
     assert {base64.b64decode(r["original_b64"]) for r in records} == set(hostile)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.kafka_helpers import read_topic, start_worker
+from tests.integration.kafka_helpers import log_excerpt, read_topic, start_worker
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection
 from vigil_gpu_monitor.contracts.config import load
@@ -75,7 +75,7 @@ def test_backlogs_after_a_broker_outage_are_no_silence_and_a_dead_node_is_found(
     workers = {k: _workers(env, k, tmp_path / f"shards-{k}") for k, env in envs.items()}
 
     def logs(k: int) -> str:
-        return "\n".join(p.read_text()[-2000:]
+        return "\n".join(log_excerpt(p, 2000)
                          for p in sorted((tmp_path / f"shards-{k}").glob("*.log")))
 
     def publish(node: str, sample: Sample) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.kafka_helpers import publish, read_topic, start_worker
+from tests.integration.kafka_helpers import log_excerpt, publish, read_topic, start_worker
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection
 from vigil_gpu_monitor.contracts.config import Config
@@ -45,7 +45,7 @@ def _all_expected(values: list[bytes]) -> bool:
 def _assert_each_incident_once(values: list[bytes], log: Path) -> None:
     firing = _firing(values)
     blamed = Counter((d["job"], d["kind"], d["node"], d["gpu"]) for d in firing)
-    assert set(blamed) == EXPECTED, log.read_text()[-3000:]
+    assert set(blamed) == EXPECTED, log_excerpt(log)
     assert all(n == 1 for n in blamed.values()), f"an incident fired twice: {blamed}"
     assert len({d["id"] for d in firing}) == len(EXPECTED)
 
@@ -64,7 +64,7 @@ def test_worker_sigkilled_twice_in_a_row(isolated_env: dict[str, str], isolated_
     first = start_worker(env, str(tmp_path / "worker-1.log"))
     try:
         seen = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= 1, 150, first)
-        assert _firing(seen), (tmp_path / "worker-1.log").read_text()[-3000:]
+        assert _firing(seen), log_excerpt(tmp_path / "worker-1.log")
         publish(isolated_cfg, samples[cut:cut + 200])
     finally:
         _kill(first)
@@ -102,7 +102,7 @@ def test_broker_restart_while_agents_publish_and_a_worker_consumes(
             agent.publish(s)
         assert agent.flush(60)
         seen = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= 1, 150, worker)
-        assert _firing(seen), (tmp_path / "worker.log").read_text()[-3000:]  # it is running
+        assert _firing(seen), log_excerpt(tmp_path / "worker.log")  # it is running
         svc.stop()  # the broker goes away mid-run ...
         for s in samples[third:2 * third]:
             agent.publish(s)  # ... the agents keep sampling into their buffers

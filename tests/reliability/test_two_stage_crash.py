@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
-from tests.integration.kafka_helpers import read_topic, start_worker
+from tests.integration.kafka_helpers import log_excerpt, read_topic, start_worker
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection, encode_sample
 from vigil_gpu_monitor.contracts.config import Config
@@ -81,7 +81,7 @@ def test_a_stage_killed_mid_trace_publishes_what_replay_gives(
     try:
         seen = read_topic(isolated_cfg, topics.DETECTIONS, lambda v: len(v) >= 1, 150,
                           procs[2])
-        logs = {k: (tmp_path / f"stage{k}-a.log").read_text()[-3000:] for k in (1, 2)}
+        logs = {k: log_excerpt(tmp_path / f"stage{k}-a.log") for k in (1, 2)}
         assert seen, logs
         procs[killed].send_signal(signal.SIGKILL)  # ... dies without a goodbye
         procs[killed].wait(timeout=30)
@@ -94,6 +94,6 @@ def test_a_stage_killed_mid_trace_publishes_what_replay_gives(
         for proc in procs.values():
             _stop(proc)
     published = _keys([decode_detection(v) for v in values])
-    log = "\n".join(p.read_text()[-1500:] for p in sorted(tmp_path.glob("stage*.log")))
+    log = "\n".join(log_excerpt(p, 1500) for p in sorted(tmp_path.glob("stage*.log")))
     assert published - expected == set(), f"not in replay: {published - expected}\n{log}"
     assert expected - published == set(), f"missing: {expected - published}\n{log}"
