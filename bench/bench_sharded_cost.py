@@ -88,10 +88,10 @@ def record(samples: Iterable[Sample], job: str, shards: int, cfg: DetectConfig) 
     real_ingest, real_seal = ShardEngine.ingest, ShardEngine.seal
     real_evaluate = JobStage2.evaluate
 
-    def ingest(self: ShardEngine, sample: Any) -> Any:
+    def ingest(self: ShardEngine, sample: Any, wait: float | None = None) -> Any:
         t = time.process_time()
         try:
-            return real_ingest(self, sample)
+            return real_ingest(self, sample, wait)
         finally:
             rec.stage1_cpu += time.process_time() - t
 
