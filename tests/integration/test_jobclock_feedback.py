@@ -131,10 +131,12 @@ def test_a_silent_shard_left_behind_by_a_stage1_crash_is_revived_over_kafka(
     procs = [start_worker(env, tmp_path / "stage1-a.log", stage=1),
              start_worker(env, tmp_path / "stage2.log", stage=2)]
     try:
-        read_topic(isolated_cfg, topics.DETECTIONS,
-                   lambda v: any(d["kind"] == "node_silent"
-                                 for d in (decode_detection(x) for x in v)), 120, procs[1])
+        silent = read_topic(isolated_cfg, topics.DETECTIONS,
+                            lambda v: any(d["kind"] == "node_silent"
+                                          for d in (decode_detection(x) for x in v)), 120,
+                            procs[1])
         assert procs[1].poll() is None, _logs(tmp_path)  # stage 2 alive to the end
+        assert any(decode_detection(x)["kind"] == "node_silent" for x in silent), _logs(tmp_path)
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(timeout=30)
         publish(samples[cut:])
