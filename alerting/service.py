@@ -53,7 +53,7 @@ from vigil_gpu_monitor.alerting.silences import SilenceStore
 from vigil_gpu_monitor.alerting.state import LiveState
 from vigil_gpu_monitor.contracts import topics
 from vigil_gpu_monitor.contracts.codec import decode_detection
-from vigil_gpu_monitor.contracts.config import Config
+from vigil_gpu_monitor.contracts.config import KAFKA_PYTHON_PRODUCER, Config
 from vigil_gpu_monitor.contracts.errors import ConfigError, ContractError
 from vigil_gpu_monitor.contracts.identity import verifier_from
 from vigil_gpu_monitor.contracts.messages import Action, Detection
@@ -68,18 +68,21 @@ def kafka_producer(cfg: Config) -> RenewingProducer:
     """The alerter's producer (alerts and actions topics): every write acknowledged by
     all in-sync replicas, with the configured security; renewed after a failure."""
     return RenewingProducer(lambda **more: KafkaProducer(
-        bootstrap_servers=cfg.kafka_bootstrap, acks="all", **cfg.kafka_client, **more))
+        bootstrap_servers=cfg.kafka_bootstrap, acks="all",
+        **{**KAFKA_PYTHON_PRODUCER, **cfg.kafka_client, **more}))
 
 
 class RenewingProducer:
     """A kafka-python producer that is replaced after any failed send, for callers that
     send one record and wait for it (``send(...).get(timeout)``, as the alerts channel
-    and the remediation audit do). kafka-python 3.0.12's producer can stall after a
-    broker restart, neither sending nor expiring what it holds
-    (``producers/publisher.py``): every later record would wait behind it until the
-    alerter restarts. The new producer is made with the broker version the old one
-    learned, so making it never waits on a broker that is away; the old one is
-    closed without waiting (forced where its ``close`` raises from its flush)."""
+    and the remediation audit do). kafka-python 3.0.12's idempotent producer can
+    stall after a broker restart, neither sending nor expiring what it holds
+    (``contracts.config.KAFKA_PYTHON_PRODUCER``, which this one starts from, turns
+    idempotence off for that): were any producer to stall, every later record would
+    wait behind it until the alerter restarts. The new producer is made with the
+    broker version the old one learned, so making it never waits on a broker that is
+    away; the old one is closed without waiting (forced where its ``close`` raises
+    from its flush)."""
 
     def __init__(self, make: Callable[..., Any]) -> None:
         self._make = make

@@ -466,6 +466,21 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
 
 
 KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+# The kafka-python producer settings every Vigil producer starts from (the agent's,
+# the simulator's, the alerter's; a deployment's client settings go over them).
+# kafka-python 3.0 turned idempotence on by default, and its idempotent producer
+# (3.0.12, the newest release, and its master) can stall for good after a broker
+# outage longer than its delivery timeout: a batch it had sent expires, it drops its
+# producer id (``TransactionManager.reset_producer_id``) yet stays READY, and it asks
+# for a new id only from UNINITIALIZED, so its sender returns before sending or
+# expiring anything, ever (against the real broker, `bench/bench_producer_outage.py`:
+# 1,659 of 1,766 records still pending 90 s after the broker was back). Without
+# idempotence there is no id to lose, and one request in flight a connection keeps a
+# partition's retries in order. A retry after a lost answer can write a record twice:
+# the worker drops a sample it already holds, and a detection or alert written twice
+# carries the same id and state (as after a worker's crash).
+KAFKA_PYTHON_PRODUCER: dict[str, Any] = {
+    "enable_idempotence": False, "max_in_flight_requests_per_connection": 1}
 SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 
 

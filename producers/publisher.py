@@ -15,9 +15,12 @@ A producer breaks that order when it fails a sample: kafka-python expires a batc
 that waited out its delivery timeout while the batches after it, younger, still go
 out once the broker is back (seen against a broker that took 25 s to load 5,900
 partitions after a restart: the middle of a run arrived after its end, and the
-worker called five nodes silent). And kafka-python 3.0.12 can stall after such a
-restart: its batches stay queued, never sent and never expired, though the
-partition's leader is known again. So one retriable failure (a timeout, the broker
+worker called five nodes silent). And kafka-python 3.0.12's idempotent producer
+(its default) can stall after such a restart: its batches stay queued, never sent
+and never expired, though the partition's leader is known again (it lost its
+producer id and never asks for another: ``contracts.config.KAFKA_PYTHON_PRODUCER``,
+which the producers here start from, turns idempotence off for that; the watch
+below stays for any other stall). So one retriable failure (a timeout, the broker
 away; a sample refused for good, by an ACL say, goes back alone), or a sample
 unanswered for ``stall_seconds`` (twice the delivery timeout, which bounds every
 answer of a working producer), puts *every* sample in flight back, in the order they
@@ -55,6 +58,7 @@ from kafka.errors import KafkaError
 from kafka.partitioner import Partitioner
 
 from vigil_gpu_monitor.contracts.codec import encode_sample
+from vigil_gpu_monitor.contracts.config import KAFKA_PYTHON_PRODUCER
 from vigil_gpu_monitor.contracts.identity import Signer
 from vigil_gpu_monitor.contracts.messages import Sample
 from vigil_gpu_monitor.contracts.partition import shard_partition
@@ -100,7 +104,7 @@ class KafkaPublisher:
         self._producer = KafkaProducer(**{
             "bootstrap_servers": bootstrap, "acks": "all", "compression_type": "gzip",
             "linger_ms": 20, "batch_size": 256 * 1024, "max_request_size": 1 << 20,
-            "partitioner": ShardPartitioner(), **client})
+            "partitioner": ShardPartitioner(), **KAFKA_PYTHON_PRODUCER, **client})
 
     def _on_error(self, exc: BaseException) -> None:
         self.failed += 1
@@ -156,7 +160,7 @@ class BufferedPublisher:
             bootstrap_servers=bootstrap, acks="all", compression_type="gzip", linger_ms=50,
             batch_size=256 * 1024, request_timeout_ms=10_000, delivery_timeout_ms=30_000,
             max_block_ms=5_000, reconnect_backoff_max_ms=2_000,
-            **{"partitioner": ShardPartitioner(), **client}))
+            **{"partitioner": ShardPartitioner(), **KAFKA_PYTHON_PRODUCER, **client}))
         # twice the delivery timeout (the default factory's, or the one ``client`` sets)
         self.stall_seconds = stall_seconds if stall_seconds is not None else (
             2 * client.get("delivery_timeout_ms", 30_000) / 1000)
