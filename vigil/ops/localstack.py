@@ -10,6 +10,7 @@ only what those pid files name. Both are idempotent.
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 import shutil
 import signal
@@ -404,22 +405,53 @@ def _log_has(svc: Service, needle: str, offset: int) -> bool:
         return False
 
 
-def debian_binary(binary: str, package: str) -> str:
-    """Path of ``binary``; installs Debian's ``package`` with apt-get when missing and
-    running as root, else says what to install."""
-    path = Path("/usr/bin") / binary
-    found = shutil.which(binary) or (str(path) if path.exists() else None)
+APT_LOCK = Path(tempfile.gettempdir()) / "vigil-apt.lock"
+APT_WAIT_SECONDS = 600  # how long apt-get waits for another apt or dpkg to finish
+
+
+def debian_binary(binary: str, package: str, folders: Iterable[str] = ("/usr/bin",)) -> str:
+    """Path of ``binary`` (in ``folders`` or on the PATH); installs Debian's
+    ``package`` with apt-get when missing and running as root, else says what to
+    install.
+
+    Installs are taken one at a time: `make test` runs its two lanes side by side,
+    and two apt-gets at once fail on dpkg's lock (seen on a new machine: promtool's
+    install refused while slurmctld's ran, and its test failed). An exclusive lock
+    on ``APT_LOCK`` queues Vigil's own installs, the binary is looked for again once
+    it is held (the one before may have installed it), and apt-get itself waits up
+    to ``APT_WAIT_SECONDS`` for any other apt or dpkg. A failed install says what
+    apt-get answered."""
+    def find() -> str | None:
+        for folder in folders:
+            if (Path(folder) / binary).exists():
+                return str(Path(folder) / binary)
+        return shutil.which(binary)
+
+    found = find()
     if found:
         return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise StackError(f"{binary} not found: install it (apt-get install {package})")
+    with open(APT_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        found = find()
+        if found:
+            return found
         _say(f"{binary} missing: installing Debian's {package} with apt-get...")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for cmd in (["apt-get", "update", "-qq"],
-                    ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]):
-            subprocess.run(cmd, check=False, env=env, stdout=subprocess.DEVNULL)
-        if path.exists():
-            return str(path)
-    raise StackError(f"{binary} not found: install it (apt-get install {package})")
+        wait = f"DPkg::Lock::Timeout={APT_WAIT_SECONDS}"
+        answered = ""
+        for cmd in (["apt-get", "-o", wait, "update", "-qq"],
+                    ["apt-get", "-o", wait, "install", "-y", "-qq", "--no-install-recommends",
+                     package]):
+            done = subprocess.run(cmd, check=False, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)
+            answered = done.stderr.strip() or answered
+        found = find()
+        if found:
+            return found
+    raise StackError(f"{binary} not found: install it (apt-get install {package}); "
+                     f"apt-get said: {answered[-500:] or 'nothing'}")
 
 
 def redis_ping(port: int) -> bool:

@@ -14,14 +14,20 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 from vigil_gpu_monitor.contracts.config import Config
-from vigil_gpu_monitor.vigil.ops.localstack import Service, StackError, _say, _wait, port_open
+from vigil_gpu_monitor.vigil.ops.localstack import (
+    Service,
+    StackError,
+    _say,
+    _wait,
+    debian_binary,
+    port_open,
+)
 
 PACKAGES = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
             "scontrol": "slurm-client", "sinfo": "slurm-client"}
@@ -30,26 +36,7 @@ PACKAGES = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
 def slurm_binary(binary: str) -> str:
     """Path of a Slurm or munge binary (``/usr/sbin`` included); installs its Debian
     package with apt-get when missing and running as root, else says what to install."""
-    def find() -> str | None:
-        for folder in ("/usr/sbin", "/usr/bin"):
-            if (Path(folder) / binary).exists():
-                return str(Path(folder) / binary)
-        return shutil.which(binary)
-
-    found = find()
-    if found:
-        return found
-    package = PACKAGES[binary]
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        _say(f"{binary} missing: installing Debian's {package} with apt-get...")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for cmd in (["apt-get", "update", "-qq"],
-                    ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]):
-            subprocess.run(cmd, check=False, env=env, stdout=subprocess.DEVNULL)
-        found = find()
-        if found:
-            return found
-    raise StackError(f"{binary} not found: install it (apt-get install {package})")
+    return debian_binary(binary, PACKAGES[binary], ("/usr/sbin", "/usr/bin"))
 
 
 def slurm_root(config: Config) -> Path:
