@@ -56,7 +56,7 @@ def test_two_installs_at_once_take_turns_and_the_second_finds_it_installed(
     def install() -> None:
         try:
             found.append(localstack.debian_binary("fakebin", "fakepkg", (str(apt),)))
-        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+        except BaseException as exc:  # reported by the test below
             errors.append(exc)
 
     threads = [threading.Thread(target=install) for _ in range(2)]
