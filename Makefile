@@ -32,6 +32,8 @@ lint: $(STAMP)
 # the CPU-only tests run beside them in another, their report printed after.
 # TEST_SERIAL=1 runs everything in one pytest.
 UNIT_LOG := .vigil/unit-tests.log
+# each lane's slowest tests, for keeping `make test` near 15 minutes
+PYTEST_ARGS ?= --durations=15
 test: $(STAMP)
 	$(MAKE) lint
 	$(TEST_ENV) $(BIN)/vigil up
