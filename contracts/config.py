@@ -474,7 +474,7 @@ KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 # producer id (``TransactionManager.reset_producer_id``) yet stays READY, and it asks
 # for a new id only from UNINITIALIZED, so its sender returns before sending or
 # expiring anything, ever (against the real broker, `bench/bench_producer_outage.py`:
-# 1,659 of 1,766 records still pending 90 s after the broker was back). Without
+# 1,558 of 1,655 records still unanswered 90 s after the broker was back). Without
 # idempotence there is no id to lose, and one request in flight a connection keeps a
 # partition's retries in order. A retry after a lost answer can write a record twice:
 # the worker drops a sample it already holds, and a detection or alert written twice

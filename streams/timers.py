@@ -7,7 +7,8 @@ exception"). A timer that asks the consumer where it stands does meet exceptions
 normal running: during a rebalance a partition it just listed can be taken away
 before the call returns (aiokafka's ``position`` raises ``IllegalStateError``), and a
 broker restart fails any request. Seen in CI: a stage-2 worker that started beside a
-stage 1 under load crashed five seconds in, when its lag timer first ran.
+stage 1 under load crashed five seconds in, most likely when its lag timer first ran
+(its first exception was not in the part of the log CI kept).
 
 ``guarded_timer`` wraps a tick: a Kafka error is logged as a warning and the tick
 runs again at the next interval; anything else is a fault of ours, counted in
