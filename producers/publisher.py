@@ -160,6 +160,9 @@ class BufferedPublisher:
             bootstrap_servers=bootstrap, acks="all", compression_type="gzip", linger_ms=50,
             batch_size=256 * 1024, request_timeout_ms=10_000, delivery_timeout_ms=30_000,
             max_block_ms=5_000, reconnect_backoff_max_ms=2_000,
+            # a producer made while no broker answers gives up within close's wait for
+            # the sender (kafka-python's default is 30 s), and is made again 1 s later
+            bootstrap_timeout_ms=5_000,
             **{"partitioner": ShardPartitioner(), **KAFKA_PYTHON_PRODUCER, **client}))
         # twice the delivery timeout (the default factory's, or the one ``client`` sets)
         self.stall_seconds = stall_seconds if stall_seconds is not None else (

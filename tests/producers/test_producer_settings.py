@@ -61,3 +61,17 @@ def test_a_deployments_client_settings_go_over_them(made: list[dict[str, Any]]) 
     buffered._factory()
     assert made[0]["enable_idempotence"] is True
     assert made[0]["max_in_flight_requests_per_connection"] == 5
+
+
+def test_a_publisher_closed_while_no_broker_answers_ends_its_sender() -> None:
+    """Its first producer is still trying to reach a broker when it is closed: the
+    sender gives up within close's wait for it (kafka-python's bootstrap would try for
+    30 s, past that wait, and log on after its owner had gone)."""
+    from vigil_gpu_monitor.simulator.cluster import Cluster, JobSpec, Simulator
+
+    sample = next(iter(Simulator(Cluster([JobSpec("j", ["n0"])], []), 1_893_000_000.0,
+                                 seed=1).samples(5)))
+    closed = publisher.BufferedPublisher("127.0.0.1:1", "t")  # nothing listens there
+    closed.publish(sample)
+    assert not closed.close(timeout=1.0)  # not flushed: no broker
+    assert not closed._thread.is_alive()
