@@ -76,6 +76,7 @@ class JobEngine:
         self.cost_memory: dict[str, Any] = state.get("cost", {})
         self.slowdown_memory: dict[str, Any] = state.get("slowdown", {})
         self.sync_memory: dict[str, Any] = state.get("synchrony", {})
+        self.sync_levels = synchrony.BinLevels()
         self.hang_memory: dict[str, Any] = state.get("hang", {})
         self.clocks = ClockOffsets(state.get("clocks"))
         self.delivery = DeliveryWaits(state.get("delivery"))
@@ -236,7 +237,7 @@ class JobEngine:
         view = WindowView(self.window, bins)
         health, silent = self.health.evaluate(now)
         # barrier-based rules only where the job's GPUs (nodes) wait for each other
-        sync = synchrony.judge(view, self.sync_memory)
+        sync = synchrony.judge(view, self.sync_memory, self.sync_levels)
         nodes_together = sync.nodes or (sync.gpus and len(view.nodes) == 1)
         hang.learn_levels(view, self.hang_memory)
         hung = find_hang(view, self.hang_params, self.hang_memory) if sync.gpus else []

@@ -125,9 +125,12 @@ def _pcie(view: WindowView, p: LinkParams, causes: dict[Any, list[dict[str, Any]
     with np.errstate(invalid="ignore"):
         loaded = view.activity()[:, -look:] > LOADED_SM_ACTIVE
     for metric in ("pcie_gen", "pcie_width"):
-        values = np.where(loaded, view.gpu(metric)[:, -look:], np.nan)
-        if _all_within(values[:, -p.of_bins:], 0.5):  # the usual step: none is low
+        readings = view.gpu(metric)
+        # the usual step: none is low in the last bins (only those laid out first)
+        if _all_within(np.where(loaded[:, -p.of_bins:], readings[:, -p.of_bins:], np.nan),
+                       0.5):
             continue
+        values = np.where(loaded, readings[:, -look:], np.nan)
         typical = nanmedian(values, axis=0)
         with np.errstate(invalid="ignore"):
             low = values < typical - 0.5

@@ -486,7 +486,10 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     with np.errstate(invalid="ignore"):  # inf - inf where a GPU read no work: NaN
         own_per_work = per_work[at] - node_per_work[node_idx]
         own_per_memory_work = per_memory_work[at] - node_per_memory_work[node_idx]
-    gpu_fault = np.array([key in clock_faults for key in view.gpu_keys], dtype=bool)
+    # nearly every bin names no clock fault: no pass over the GPUs' keys then (27 ms
+    # a bin at 131,072 GPUs)
+    gpu_fault = (np.array([key in clock_faults for key in view.gpu_keys], dtype=bool)
+                 if clock_faults else np.zeros(len(view.gpu_keys), dtype=bool))
     # a node's clock is its median GPU's: a fault there when half its GPUs have one
     faulted = np.bincount(node_idx, weights=gpu_fault, minlength=len(view.nodes))
     node_fault = (faulted > 0) & (faulted >= np.bincount(node_idx, minlength=len(view.nodes)) / 2)

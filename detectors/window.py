@@ -610,6 +610,7 @@ class WindowView:
 
     def __init__(self, window: JobWindow, bins: range) -> None:
         self.bins = bins
+        self.sealed = frozenset(b for b in bins if str(b) in window.sealed)  # final means
         self.bin_seconds = window.bin_seconds
         self.gpus = window.entities("g", bins)
         self.nics = window.entities("n", bins)

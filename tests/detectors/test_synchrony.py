@@ -104,3 +104,28 @@ def test_a_level_whose_witness_is_torn_is_not_compared_until_it_settles() -> Non
     for _ in range(SPREAD_BINS):
         synchrony._spread(torn, "idle", 0.0)  # it settles: together again
     assert synchrony._together(torn, "idle")
+
+
+def test_the_kept_bin_levels_equal_the_window_medians_at_every_step(monkeypatch: Any) -> None:
+    """``BinLevels`` keeps each sealed bin's median from step to step: at every step
+    of a run whose nodes drop samples and go silent, what it returns is, to the bit,
+    the median of the window's matrix taken afresh."""
+    from vigil_gpu_monitor.detectors import synchrony
+    from vigil_gpu_monitor.detectors.robust import nanmedian
+
+    checked = []
+    real = synchrony.BinLevels.of
+
+    def of(self: synchrony.BinLevels, view: Any, metric: str, busy: Any) -> Any:
+        kept = real(self, view, metric, busy)
+        fresh = nanmedian(busy, axis=0)
+        assert kept.tobytes() == fresh.tobytes(), (view.bins, kept, fresh)
+        checked.append(len(view.sealed))
+        return kept
+
+    monkeypatch.setattr(synchrony.BinLevels, "of", of)
+    rng = random.Random(3)
+    samples = [s for s in _samples(Fault("node_silent", "j", "n3", None, T0 + 120),
+                                   seconds=240) if rng.random() > 0.1]
+    _fired(samples)
+    assert len(checked) > 20 and max(checked) >= 10  # steps over windows of sealed bins
