@@ -7,7 +7,7 @@
 Each trace is replayed by the one-stage runner and by ``ShardedReplayRunner`` (stage-1
 shards of each job's nodes, ``crc32(node) mod K``, and a stage 2, in one process, the
 job's clock and watermark fed back at once; every summary through the
-``vigil.summary/1`` encoder and decoder, in parts), and their detections compared
+``vigil.summary/2`` encoder and decoder, in parts), and their detections compared
 (``vigil/evaluation/shardcheck.py``). ``--suite``: the scenario suite of ``vigil bench
 detect`` (sizes and seeds as given). ``--simulate-gpus N``: one job of N GPUs with
 faults (``bench_shard_seam.simulated``). ``--kafka-lag N``: the shards as over Kafka

@@ -5,7 +5,7 @@
 
 One simulated job (``bench_shard_seam.simulated``: faults, skewed clocks, 1 % loss)
 through ``ShardedJob``, every summary encoded and split in parts as stage 1 sends it
-(``vigil.summary/1``). Reported: the one-stage engine's CPU per node-sample on the
+(``vigil.summary/2``). Reported: the one-stage engine's CPU per node-sample on the
 same samples; stage 1's (ingest, seal and the summary, every shard together); the
 summaries' bytes per bin; and, for each ``--scale`` factor C, **stage 2's CPU per
 bin over Kafka's path** at C times the job's nodes: the encoded parts recorded from
@@ -30,7 +30,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -126,7 +125,7 @@ def cloned(rec: Recorded, scale: int) -> Iterator[bytes]:
             yield raw
             continue
         for c in range(scale):
-            part = json.loads(raw)
+            part = decode_summary(raw)
 
             def name(node: str, c: int = c) -> str:
                 return f"{node}-c{c}" if c else node

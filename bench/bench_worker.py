@@ -7,7 +7,7 @@
 ``--stage1`` runs the real ``vigil worker --stage 1`` (``streams/stage1.py``,
 docs/sharding.md) in place of the one-stage worker: the samples are keyed
 ``job#k/K`` (``--shards K`` a job), each (job, shard) ingests and seals its bins and
-sends its ``vigil.summary/1`` messages to the summaries topic (counted at the end),
+sends its ``vigil.summary/2`` messages to the summaries topic (counted at the end),
 checkpoints as the worker does; no detector runs (stage 2 is not started). With
 ``--floor``, its rate is set against a no-op Faust agent on the same topic in the
 same run.

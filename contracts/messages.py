@@ -135,18 +135,19 @@ class StepBatch(TypedDict):
 
 
 class NodeRows(TypedDict):
-    """One node's sealed bin in ``vigil.summary/1``: its devices, in the window's order,
-    and their means as base64 of float64 (devices × the summary's metrics), NaN where
-    nothing was read."""
+    """One node's sealed bin in ``vigil.summary/2``: its devices, in the window's order,
+    and their means as little-endian float64 (devices × the summary's metrics), NaN
+    where nothing was read. On the wire the means travel in the block after the JSON
+    header (``contracts/summary.py``)."""
 
     gpus: list[str]
-    gpu_means: str
+    gpu_means: bytes
     nics: list[str]
-    nic_means: str
+    nic_means: bytes
 
 
 class NodeHealth(TypedDict):
-    """One node's health bookkeeping in ``vigil.summary/1`` (``detectors/health.py``):
+    """One node's health bookkeeping in ``vigil.summary/2`` (``detectors/health.py``):
     when it was last heard on the job's clock, its cadence, whether its clock is not
     placed yet, and each GPU's state (last seen, throttling, ECC count, open event)."""
 
@@ -177,7 +178,7 @@ class SummaryEvent(TypedDict):
 
 
 class Summary(TypedDict):
-    """``vigil.summary/1``: one stage-1 shard's sealed bin of a job (or, with ``bin``
+    """``vigil.summary/2``: one stage-1 shard's sealed bin of a job (or, with ``bin``
     null, only the health events of its latest samples), for stage 2 (key = job id).
     A bin of many nodes is sent in ``parts`` messages."""
 

@@ -17,6 +17,7 @@ from vigil_gpu_monitor.contracts import (
     SAMPLE_SCHEMA,
     STEP_SCHEMA,
     SUMMARY_SCHEMA,
+    SUMMARY_SCHEMA_V1,
 )
 from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, HOST_METRICS, NIC_METRICS, Metric
 from vigil_gpu_monitor.contracts.codec import (
@@ -186,23 +187,28 @@ def step_schema() -> dict[str, Any]:
     }
 
 
-def summary_schema() -> dict[str, Any]:
-    """JSON Schema of ``vigil.summary/1`` (stage 1 to stage 2 of a sharded job)."""
+def summary_schema(version: int = 2) -> dict[str, Any]:
+    """JSON Schema of ``vigil.summary/2``'s header (stage 1 to stage 2 of a sharded
+    job: the header, a newline, then the nodes' means as float64; docs/contract.md),
+    or of ``/1``'s whole document (the means as base64 in each node's rows)."""
     names = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 256}}
     number_or_null = {"oneOf": [{"type": "null"}, {"type": "number"}]}
     bin_ = {"type": "integer", "minimum": -MAX_BIN, "maximum": MAX_BIN}
-    rows = {
+    rows: dict[str, Any] = {
         "type": "object", "additionalProperties": False,
-        "required": ["gpus", "gpu_means", "nics", "nic_means"],
+        "required": ["gpus", "nics"],
         "properties": {
             "gpus": {**names, "maxItems": MAX_GPUS},
             "nics": {**names, "maxItems": MAX_NICS},
-            "gpu_means": {"type": "string", "contentEncoding": "base64",
-                          "description": "float64, devices x gpu_metrics, NaN: no reading"},
-            "nic_means": {"type": "string", "contentEncoding": "base64",
-                          "description": "float64, devices x nic_metrics, NaN: no reading"},
         },
     }
+    if version == 1:
+        rows["required"] = ["gpus", "gpu_means", "nics", "nic_means"]
+        rows["properties"].update(
+            gpu_means={"type": "string", "contentEncoding": "base64",
+                       "description": "float64, devices x gpu_metrics, NaN: no reading"},
+            nic_means={"type": "string", "contentEncoding": "base64",
+                       "description": "float64, devices x nic_metrics, NaN: no reading"})
     health = {
         "type": "object", "additionalProperties": False,
         "required": ["last", "cadence", "unplaced", "gpus"],
@@ -236,15 +242,20 @@ def summary_schema() -> dict[str, Any]:
     }
     return {
         "$schema": _DIALECT,
-        "$id": "vigil.summary/1",
-        "title": "One stage-1 shard's sealed bin of a job, for stage 2 (key = job id)",
+        "$id": f"vigil.summary/{version}",
+        "title": ("One stage-1 shard's sealed bin of a job, for stage 2 (key = job id)"
+                  if version == 1 else
+                  "The JSON header of one stage-1 shard's sealed bin of a job, for stage 2 "
+                  "(key = job id); after it a newline, then the nodes' means: "
+                  "little-endian float64, the header's nodes in order, each node's GPUs "
+                  "then its NICs, devices x metrics"),
         "type": "object",
         "additionalProperties": False,
         "required": ["schema", "job", "shard", "shards", "bin", "next_bin", "part", "parts",
                      "bin_seconds", "max_ts", "next_data_bin", "late", "declared",
                      "gpu_metrics", "nic_metrics", "nodes", "health", "events"],
         "properties": {
-            "schema": {"const": SUMMARY_SCHEMA},
+            "schema": {"const": SUMMARY_SCHEMA if version == 2 else SUMMARY_SCHEMA_V1},
             "job": {**_JOB, "minLength": 1},
             "shard": {"type": "integer", "minimum": 0, "maximum": MAX_SHARDS - 1},
             "shards": {"type": "integer", "minimum": 1, "maximum": MAX_SHARDS},
@@ -313,7 +324,8 @@ def jobclock_schema() -> dict[str, Any]:
 def rendered() -> dict[str, str]:
     """File name → JSON text, as committed under ``contracts/schemas/``."""
     docs = {"sample-1.json": sample_schema(), "detection-1.json": detection_schema(),
-            "step-1.json": step_schema(), "summary-1.json": summary_schema(),
+            "step-1.json": step_schema(), "summary-1.json": summary_schema(1),
+            "summary-2.json": summary_schema(2),
             "jobclock-1.json": jobclock_schema()}
     return {name: json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
             for name, doc in docs.items()}

@@ -1,25 +1,36 @@
-"""Encode and decode ``vigil.summary/1``, the message from stage 1 to stage 2 of a
+"""Encode and decode ``vigil.summary/2``, the message from stage 1 to stage 2 of a
 sharded job (docs/contract.md, docs/sharding.md).
 
-A summary carries one shard's sealed bin: per node, the bin's means as base64 of
-float64 (exact, NaN kept: stage 2 assembles the bit-identical sealed window one stage
+A summary carries one shard's sealed bin: per node, the bin's means as float64
+(exact, NaN kept: stage 2 assembles the bit-identical sealed window one stage
 holds), each node's health bookkeeping, and the health findings that fired on
 samples since the shard's last summary. A bin of many nodes is split into parts of
-at most ``NODES_PER_PART`` nodes, each part under the contract's message size. The
-validator is hand-written on the standard library, like the others; a summary that
-fails it raises ``ContractError`` (counted and dead-lettered by stage 2, never a
+at most ``NODES_PER_PART`` nodes, each part under the contract's message size.
+
+**On the wire** (``/2``) a part is a compact JSON header (every field, each node's
+rows naming its devices only), a newline, then one block of the nodes' means:
+little-endian float64, the header's nodes in order, each node's GPUs then its NICs,
+devices × metrics. In memory a node's means are those bytes (``NodeRows``). ``/1``
+carried them as base64 text inside one JSON document: at 16,384 nodes stage 2 spent
+~130 ms a bin parsing, checking and decoding that text (bench/RESULTS.md); ``/1`` is
+still read, so stage 2 can be upgraded before stage 1.
+
+The validator is hand-written on the standard library, like the others; a summary
+that fails it raises ``ContractError`` (counted and dead-lettered by stage 2, never a
 crash).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Callable, Iterator
 from itertools import chain, repeat
 from operator import eq, itemgetter
 from typing import Any, cast
 
-from vigil_gpu_monitor.contracts import SUMMARY_SCHEMA
+from vigil_gpu_monitor.contracts import SUMMARY_SCHEMA, SUMMARY_SCHEMA_V1
 from vigil_gpu_monitor.contracts.catalog import GPU_METRICS, NIC_METRICS
 from vigil_gpu_monitor.contracts.codec import (
     DETECTION_KINDS,
@@ -45,6 +56,7 @@ _FIELDS = {"schema", "job", "shard", "shards", "bin", "next_bin", "part", "parts
 # waited for the broker got through (detectors/delivery.py)
 _OPTIONAL = {"clocks", "resumed"}
 _ROW_FIELDS = {"gpus", "gpu_means", "nics", "nic_means"}
+_HEADER_ROW_FIELDS = {"gpus", "nics"}  # ``/2``'s header: the means are in the block
 _HEALTH_FIELDS = {"last", "cadence", "unplaced", "gpus"}
 _EVENT_FIELDS = {"ts", "kind", "node", "gpu", "severity", "metrics", "score", "summary",
                  "since", "evidence", "fire_after"}
@@ -104,28 +116,35 @@ def _is_base64(value: str) -> bool:
                         and value.endswith("=" * len(rest)))
 
 
-def _means(value: Any, path: str | tuple[str, ...], rows: int, width: int) -> None:
-    # checked without decoding it (stage 2 decodes it once, when it assembles the bin):
-    # only the alphabet, ``=`` padding at the end, whole quanta, and the length that
+def _means(value: Any, path: str | tuple[str, ...], rows: int, width: int,
+           text: bool) -> None:
+    size = rows * width * 8
+    if not text:  # ``/2``: the bytes themselves
+        if type(value) is not bytes or len(value) != size:
+            raise _bad(path, f"must be {size} bytes: {rows} devices x {width} metrics x 8 "
+                             "(float64)")
+        return
+    # ``/1``, checked without decoding it (``_from_v1`` decodes it once): only the
+    # alphabet, ``=`` padding at the end, whole quanta, and the length that
     # ``rows x width`` float64 take; what ``b64decode(validate=True)`` accepts
     if not isinstance(value, str):
         raise _bad(path, "must be base64 text")
     if len(value) % 4 or not _is_base64(value):
         raise _bad(path, "is not base64")
-    size = len(value) // 4 * 3 - (len(value) - len(value.rstrip("=")))
-    if size != rows * width * 8:
-        raise _bad(path, f"holds {size} bytes, not {rows} devices x {width} metrics "
+    held = len(value) // 4 * 3 - (len(value) - len(value.rstrip("=")))
+    if held != size:
+        raise _bad(path, f"holds {held} bytes, not {rows} devices x {width} metrics "
                          "x 8 (float64)")
 
 
-def _rows(node: str, value: Any, gpu_width: int, nic_width: int) -> None:
+def _rows(node: str, value: Any, gpu_width: int, nic_width: int, text: bool) -> None:
     row = _obj(value, ("nodes", node))
     if row.keys() != _ROW_FIELDS:
         raise _bad(("nodes", node), f"must have exactly the fields {sorted(_ROW_FIELDS)}")
     gpus = _strings(row["gpus"], ("nodes", node, "gpus"), MAX_GPUS)
     nics = _strings(row["nics"], ("nodes", node, "nics"), MAX_NICS)
-    _means(row["gpu_means"], ("nodes", node, "gpu_means"), len(gpus), gpu_width)
-    _means(row["nic_means"], ("nodes", node, "nic_means"), len(nics), nic_width)
+    _means(row["gpu_means"], ("nodes", node, "gpu_means"), len(gpus), gpu_width, text)
+    _means(row["nic_means"], ("nodes", node, "nic_means"), len(nics), nic_width, text)
 
 
 def _finite(value: Any) -> bool:
@@ -178,12 +197,12 @@ def _health_fields(node: str, value: Any) -> None:
         raise _bad(path, f"must have exactly the fields {sorted(_HEALTH_FIELDS)}")
 
 
-def _rows_at_once(rows: list[Any], gpu_width: int, nic_width: int) -> bool:
+def _rows_at_once(rows: list[Any], gpu_width: int, nic_width: int, text: bool) -> bool:
     """Whether every row passes ``_rows``, told by passes in C over a part's rows
     where they are alike (the usual part: each node as many GPUs and as many NICs as
     the others). False where unsure: ``_rows`` then checks the rows one by one and
     names what fails. A Python step a node was two thirds of stage 2's decoding at
-    16,384 nodes."""
+    16,384 nodes. ``text``: the means as ``/1``'s base64."""
     if not rows:
         return True
     if set(map(type, rows)) != {dict} or not all(map(eq, map(dict.keys, rows),
@@ -203,6 +222,10 @@ def _rows_at_once(rows: list[Any], gpu_width: int, nic_width: int) -> bool:
             return False
         texts = list(map(itemgetter(means), rows))
         size = max(counts) * width * 8
+        if not text:
+            if set(map(type, texts)) != {bytes} or set(map(len, texts)) != {size}:
+                return False
+            continue
         length = -(-size // 3) * 4
         pad = length // 4 * 3 - size
         if set(map(type, texts)) != {str} or set(map(len, texts)) != {length}:
@@ -240,12 +263,15 @@ def _event(i: int, value: Any) -> None:
         _int(ev["fire_after"], f"{path}.fire_after", 0, 1 << 20)
 
 
-def validate_summary(message: Any) -> Summary:
-    """Check one decoded ``vigil.summary/1``; return it or raise ``ContractError``."""
+def validate_summary(message: Any, *, text: bool = False) -> Summary:
+    """Check one summary as held in memory (``vigil.summary/2``, each node's means
+    bytes; ``text``: a parsed ``/1`` document, means as base64); return it or raise
+    ``ContractError``."""
     msg = _obj(message, "summary")
-    if msg.get("schema") != SUMMARY_SCHEMA:
+    expected = SUMMARY_SCHEMA_V1 if text else SUMMARY_SCHEMA
+    if msg.get("schema") != expected:
         raise ContractError("unknown_schema",
-                            f"schema {msg.get('schema')!r}, expected {SUMMARY_SCHEMA!r}")
+                            f"schema {msg.get('schema')!r}, expected {expected!r}")
     if not _FIELDS <= set(msg) <= _FIELDS | _OPTIONAL:
         extra, missing = set(msg) - _FIELDS - _OPTIONAL, _FIELDS - set(msg)
         raise ContractError("unknown_field" if extra else "missing_field",
@@ -284,9 +310,9 @@ def validate_summary(message: Any) -> Summary:
             raise ContractError("bad_name", f"node {node[:80]!r} is not a host name")
     if len(nodes) > NODES_PER_PART or len(health) > NODES_PER_PART:
         raise _bad("nodes", f"more than {NODES_PER_PART} nodes in one part")
-    if not _rows_at_once(list(nodes.values()), len(gpu_metrics), len(nic_metrics)):
+    if not _rows_at_once(list(nodes.values()), len(gpu_metrics), len(nic_metrics), text):
         for node, rows in nodes.items():
-            _rows(node, rows, len(gpu_metrics), len(nic_metrics))
+            _rows(node, rows, len(gpu_metrics), len(nic_metrics), text)
     for node, state in health.items():
         _health(node, state)
     events = msg["events"]
@@ -299,27 +325,100 @@ def validate_summary(message: Any) -> Summary:
 
 def decode_summary(raw: bytes | str,
                    parse: Callable[[bytes | str], Any] = parse_json) -> Summary:
-    """Bytes from Kafka → a validated summary (``ContractError`` otherwise).
-    ``parse`` reads the JSON (stage 2 passes a faster parser with
+    """Bytes from Kafka → a validated summary as held in memory (``ContractError``
+    otherwise): ``/2``'s header and block, or a ``/1`` document (its means decoded
+    from base64). ``parse`` reads the JSON (stage 2 passes a faster parser with
     ``parse_json``'s verdicts: ``streams/decode.parse_json_fast``)."""
-    return validate_summary(parse(raw))
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    end = data.find(b"\n")
+    if end < 0:  # one JSON document: ``/1``
+        return _from_v1(validate_summary(parse(data), text=True))
+    header = _obj(parse(data[:end]), "summary")
+    if header.get("schema") != SUMMARY_SCHEMA:
+        raise ContractError("unknown_schema", f"schema {header.get('schema')!r} before a "
+                                              f"block of means, expected {SUMMARY_SCHEMA!r}")
+    _attach_block(header, memoryview(data)[end + 1:])
+    return validate_summary(header)
 
 
-def _json_bytes(summary: Summary) -> bytes:
-    return json.dumps(summary, separators=(",", ":"), allow_nan=False,
+def _attach_block(header: dict[str, Any], block: memoryview) -> None:
+    """Give each of the header's nodes its means, cut from ``block`` in the header's
+    order (its GPUs', then its NICs'); the block must hold exactly what the header's
+    devices and metrics take."""
+    widths = []
+    for key in ("gpu_metrics", "nic_metrics"):
+        names = header.get(key)
+        if not isinstance(names, list):
+            raise _bad(key, "must be a list of metric names")
+        widths.append(len(names) * 8)
+    nodes = _obj(header.get("nodes"), "nodes")
+    at = 0
+    for node, row in nodes.items():
+        row = _obj(row, ("nodes", node))
+        if row.keys() != _HEADER_ROW_FIELDS:
+            raise _bad(("nodes", node), "must have exactly the fields "
+                                        f"{sorted(_HEADER_ROW_FIELDS)} before a block")
+        for names, means, width in (("gpus", "gpu_means", widths[0]),
+                                    ("nics", "nic_means", widths[1])):
+            listed = row[names]
+            size = len(listed) * width if isinstance(listed, list) else 0
+            row[means] = bytes(block[at:at + size])
+            at += size
+    if at != len(block):
+        raise _bad("block", f"holds {len(block)} bytes where the header's devices and "
+                            f"metrics take {at}")
+
+
+def _from_v1(summary: Summary) -> Summary:
+    """A validated ``/1`` summary as ``/2`` holds it: its means decoded (they were
+    checked to be strict base64 of the right length)."""
+    for row in summary["nodes"].values():
+        row["gpu_means"] = binascii.a2b_base64(row["gpu_means"])
+        row["nic_means"] = binascii.a2b_base64(row["nic_means"])
+    summary["schema"] = SUMMARY_SCHEMA
+    return summary
+
+
+def summary_header(summary: Summary) -> dict[str, Any]:
+    """The summary's JSON header on the wire: every field, each node's rows naming
+    its devices only (their means travel in the block)."""
+    return {**summary, "nodes": {node: {"gpus": row["gpus"], "nics": row["nics"]}
+                                 for node, row in summary["nodes"].items()}}
+
+
+def _json_bytes(header: dict[str, Any]) -> bytes:
+    return json.dumps(header, separators=(",", ":"), allow_nan=False,
                       ensure_ascii=False).encode()
 
 
 def encode_summary(summary: Summary,
-                   serialise: Callable[[Summary], bytes] = _json_bytes) -> bytes:
-    """A summary → compact UTF-8 JSON, validated first; ``ContractError`` when it
-    would exceed the contract's message size. ``serialise`` writes the validated
-    message (stage 1 passes a faster encoder of the same JSON)."""
-    raw = serialise(validate_summary(summary))
+                   serialise: Callable[[dict[str, Any]], bytes] = _json_bytes) -> bytes:
+    """A summary → its JSON header, a newline and its block of means, validated
+    first; ``ContractError`` when it would exceed the contract's message size.
+    ``serialise`` writes the header as compact JSON (no raw newline: JSON escapes
+    one in a string; stage 1 passes a faster encoder of the same JSON)."""
+    validate_summary(summary)
+    rows = summary["nodes"].values()
+    raw = b"".join((serialise(summary_header(summary)), b"\n",
+                    *chain.from_iterable(map(itemgetter("gpu_means", "nic_means"), rows))))
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ContractError("too_large", f"summary part of {len(raw)} bytes > "
                                          f"{MAX_MESSAGE_BYTES}: fewer nodes a part")
     return raw
+
+
+def rows_to_state(rows: dict[str, NodeRows]) -> dict[str, dict[str, Any]]:
+    """Nodes' rows as JSON-able state (means as base64, as ``/1`` carried them)."""
+    return {node: {**row, "gpu_means": base64.b64encode(row["gpu_means"]).decode(),
+                   "nic_means": base64.b64encode(row["nic_means"]).decode()}
+            for node, row in rows.items()}
+
+
+def rows_from_state(rows: dict[str, dict[str, Any]]) -> dict[str, NodeRows]:
+    """``rows_to_state`` undone."""
+    return {node: cast(NodeRows, {**row, "gpu_means": base64.b64decode(row["gpu_means"]),
+                                  "nic_means": base64.b64decode(row["nic_means"])})
+            for node, row in rows.items()}
 
 
 def split_parts(summary: Summary) -> Iterator[Summary]:
@@ -342,4 +441,5 @@ def split_parts(summary: Summary) -> Iterator[Summary]:
 
 
 __all__ = ["NODES_PER_PART", "NodeHealth", "NodeRows", "SummaryEvent", "decode_summary",
-           "encode_summary", "split_parts", "validate_summary"]
+           "encode_summary", "rows_from_state", "rows_to_state", "split_parts",
+           "summary_header", "validate_summary"]

@@ -4,7 +4,7 @@
 The seam is the sealed node bin. Stage 1 (``ShardEngine``, keyed by job and shard)
 runs the one-stage engine's ingest unchanged (``JobEngine.fold``: clock placement,
 held readings, the open bins, per-sample health) for its nodes, seals a bin when
-told, and sends a ``vigil.summary/1`` (``contracts/summary.py``): each node's bin
+told, and sends a ``vigil.summary/2`` (``contracts/summary.py``): each node's bin
 means, each node's health bookkeeping, and the health findings that fired on its
 samples. Stage 2 (``JobStage2``, keyed by job) assembles the shards' rows of a bin
 into exactly the sealed bin one stage holds, takes the union of the shards' health
@@ -27,8 +27,6 @@ bin), where one stage counts them at that sample.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Callable
 from itertools import chain, compress
 from operator import itemgetter
@@ -50,6 +48,7 @@ from vigil_gpu_monitor.contracts.messages import (
     SummaryEvent,
 )
 from vigil_gpu_monitor.contracts.shards import SHARD_SEPARATOR, shard_of
+from vigil_gpu_monitor.contracts.summary import rows_from_state, rows_to_state
 from vigil_gpu_monitor.detectors.clocks import ClockOffsets
 from vigil_gpu_monitor.detectors.engine import JobEngine, NodeMoves
 from vigil_gpu_monitor.detectors.findings import Finding
@@ -183,8 +182,8 @@ class ShardEngine:
             for node, mine in rows.items():
                 nodes[node] = {
                     "gpus": mine["g"], "nics": mine["n"],
-                    "gpu_means": _b64(sealed["g"].means, mine["gi"]),
-                    "nic_means": _b64(sealed["n"].means, mine["ni"])}
+                    "gpu_means": _raw(sealed["g"].means, mine["gi"]),
+                    "nic_means": _raw(sealed["n"].means, mine["ni"])}
         following = e.window.first_bin_from(b + 1) if b is not None else None
         summary: Summary = {"schema": SUMMARY_SCHEMA, "job": e.job, "shard": self.shard,
                 "shards": self.shards, "bin": b, "next_bin": e.next_bin, "part": 0, "parts": 1,
@@ -202,12 +201,13 @@ class ShardEngine:
         return summary
 
 
-def _b64(means: np.ndarray[Any, Any], rows: list[int]) -> str:
+def _raw(means: np.ndarray[Any, Any], rows: list[int]) -> bytes:
+    """The rows' means as ``vigil.summary/2`` carries them: little-endian float64."""
     if not rows:
-        return ""
+        return b""
     first, last = rows[0], rows[-1]
     block = means[first:last + 1] if last - first + 1 == len(rows) else means[rows]
-    return base64.b64encode(np.ascontiguousarray(block, dtype="<f8").tobytes()).decode()
+    return np.ascontiguousarray(block, dtype="<f8").tobytes()
 
 
 def _without_none(keys: list[str], values: list[Any]) -> dict[str, Any]:
@@ -215,41 +215,6 @@ def _without_none(keys: list[str], values: list[Any]) -> dict[str, Any]:
     if None not in values:
         return dict(zip(keys, values, strict=True))
     return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
-
-
-# base64's alphabet → each character's six bits (``=`` padding reads as 0: its bits
-# are cut off with the padding's bytes)
-_B64_BITS = np.zeros(256, dtype=np.uint32)
-_B64_BITS[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
-                        dtype=np.uint8)] = np.arange(64, dtype=np.uint32)
-
-
-def _decode_padded(texts: list[str], joined: str, size: int) -> bytes:
-    """The bytes of base64 ``texts`` (``joined``: the texts joined), ``size`` bytes
-    in all, some padded. Texts of one length holding equal shares of ``size`` (a
-    bin's nodes with as many devices each, the usual case) are decoded at once:
-    four characters' bits are three bytes, each text's padding bytes cut off. One
-    ``a2b_base64`` a text cost 75 ms a bin of 16,384 nodes. The texts were
-    validated on decode (alphabet, padding only at the end, their lengths), and
-    ``binascii`` too ignores a padded quantum's spare bits, so the bytes are the
-    same."""
-    length = len(texts[0]) if texts else 0
-    alike = length >= 4 and len(joined) == length * len(texts)
-    if alike:
-        chars = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-        ends = chars.reshape(len(texts), length)[:, -2:] == ord("=")
-        pads = ends[:, 0].astype(np.int64) + ends[:, 1]
-        alike = bool((pads == pads[0]).all()) and (
-            length // 4 * 3 - int(pads[0])) * len(texts) == size
-    if not alike:
-        return b"".join([binascii.a2b_base64(t) for t in texts])
-    bits = _B64_BITS[chars].reshape(-1, 4)
-    quanta = (bits[:, 0] << 18) | (bits[:, 1] << 12) | (bits[:, 2] << 6) | bits[:, 3]
-    out = np.empty((len(quanta), 3), dtype=np.uint8)
-    out[:, 0] = quanta >> 16
-    out[:, 1] = (quanta >> 8) & 0xFF
-    out[:, 2] = quanta & 0xFF
-    return out.reshape(len(texts), -1)[:, :size // len(texts)].tobytes()
 
 
 class JobStage2:
@@ -264,7 +229,7 @@ class JobStage2:
         self.engine = JobEngine(job, cfg, state.get("engine"))
         # bin → shard → the nodes' rows received (parts merged); parts still missing
         self.bins: dict[int, dict[int, dict[str, NodeRows]]] = {
-            int(b): {int(k): v for k, v in shards_.items()}
+            int(b): {int(k): rows_from_state(v) for k, v in shards_.items()}
             for b, shards_ in state.get("bins", {}).items()}
         self.parts_seen: dict[str, list[int]] = state.get("parts_seen", {})  # "bin/shard"
         self.newest: dict[str, float] = state.get("newest", {})  # shard → its max_ts
@@ -303,7 +268,8 @@ class JobStage2:
     def to_state(self) -> dict[str, Any]:
         """JSON-able state: the engine's, and the summaries not yet evaluated."""
         return {"engine": self.engine.to_state(),
-                "bins": {str(b): {str(k): v for k, v in s.items()} for b, s in self.bins.items()},
+                "bins": {str(b): {str(k): rows_to_state(v) for k, v in s.items()}
+                         for b, s in self.bins.items()},
                 "parts_seen": self.parts_seen, "newest": self.newest,
                 "node_state": self.node_state,
                 "owner": self.owner, "late": self.late, "done": self.done,
@@ -510,16 +476,9 @@ class JobStage2:
                 devices = self._devices_of(section, order, listed)
                 self._bin_devices[section] = (order, listed, devices)
             # every node lists devices in the usual bin: its texts taken in one pass in C
-            texts = (list(map(itemgetter(means_key), in_order)) if all(listed) else
-                     [r[means_key] for r, devs in zip(in_order, listed, strict=True) if devs])
             # one buffer for the whole bin: a numpy array a node cost a third of a step
-            # (the text was validated on decode)
-            joined = "".join(texts)
-            # a node's means are a whole number of base64 quanta unless padded (their
-            # bytes not a multiple of 3): without padding the joined text decodes at
-            # once to the joined bytes
-            raw = (binascii.a2b_base64(joined) if "=" not in joined
-                   else _decode_padded(texts, joined, len(devices) * width * 8))
+            # (each node's bytes were checked on decode: its devices x metrics)
+            raw = b"".join(map(itemgetter(means_key), in_order))
             means = np.frombuffer(raw, dtype="<f8").astype(np.float64).reshape(
                 len(devices), width)
             before = self._last.get(section)

@@ -1,5 +1,5 @@
 """Stage 1 of a sharded job's detection (docs/sharding.md): a shard's samples in,
-``vigil.summary/1`` out.
+``vigil.summary/2`` out.
 
 Agents key a sample of a job split in K shards ``job#k/K`` (``contracts/shards.py``;
 a job of one shard keeps the job id as its key). Each

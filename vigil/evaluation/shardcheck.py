@@ -2,7 +2,7 @@
 
 ``compare`` replays the same samples (and step batches) once with the one-stage
 ``ReplayRunner`` and once with ``ShardedReplayRunner`` at each shard count, every
-summary passing through ``vigil.summary/1``'s encoder and decoder (split in parts as
+summary passing through ``vigil.summary/2``'s encoder and decoder (split in parts as
 Kafka would carry them), and reports, per shard count, the detections found by one
 and not the other. A detection is compared by kind, state, node, GPU, start time,
 detection time and incident id (its evidence too, with ``evidence=True``).
