@@ -41,6 +41,13 @@ the peers' median:
   only while busier. The clock is read apart from the activity counters (no shared
   window noise), so it is a second, independent witness of a throttled GPU, and
   lets one be found in two bins.
+- a *clock surplus* excuses nothing. Under the board's power cap a GPU whose pipes
+  stall draws less power a cycle, and the driver raises its clock above its peers'
+  (2.7-10 % in the envelope's stalls): its work rate rises with the clock and would
+  hide a third to half of the stall from ``s``. Where its clock is above its peers',
+  ``s`` is taken in busy cycles per unit of work (the surplus added back), which no
+  clock moves. (A colder expert's clock rises too, on a short step held on its mean
+  power; it is not busier than its peers, so its slowness counts for nothing.)
 
 **Why this holds under real counters.** A reading is the average over the agent's
 window of a GPU that switches, within each step, between computing, waiting in a
@@ -601,7 +608,13 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)
     else:
-        slowness, load = per_work - capped, np.fmin(x, y)
+        # a clock above its peers' excuses no busy time: under the power cap a GPU
+        # whose pipes stall draws less a cycle and the driver raises its clock, so
+        # its work rate (tensor share x clock) rises and would hide part of the
+        # stall. There slowness is busy cycles per unit of work, which the clock
+        # cannot move (below its peers' clock it is busy time per unit, as above)
+        surplus = np.nan_to_num(np.fmin(lower_clock + capped, 0.0), nan=0.0)
+        slowness, load = per_work - capped - surplus, np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
     stats = np.stack([slowness, load, lower_clock, idle])
     valid = compared[None, :] & np.isfinite(stats)  # a zero reading: no ratio to take
