@@ -247,9 +247,10 @@ def test_a_big_bin_is_split_in_parts_that_fit_and_add_up(summaries: list[Summary
         encode_summary(msg)  # unsplit: more nodes than a part holds
 
 
-def _verdict(raw: bytes) -> str:
+def _verdict(raw: bytes, check: Any = decode_summary) -> str:
+    """What ``check`` says of ``raw``: accepted, or the refusal's reason and words."""
     try:
-        decode_summary(raw)
+        check(raw)
     except ContractError as err:
         return f"{err.reason}: {err}"
     return "accepted"
@@ -299,14 +300,6 @@ def test_rows_checked_at_once_get_the_verdicts_of_rows_checked_one_by_one(
     assert all(v != "accepted" for v in fast[1:-1])
 
 
-def _memory_verdict(msg: Any) -> str:
-    try:
-        validate_summary(msg)
-    except ContractError as err:
-        return f"{err.reason}: {err}"
-    return "accepted"
-
-
 def test_byte_rows_checked_at_once_get_the_verdicts_of_rows_checked_one_by_one(
         summaries: list[Summary], monkeypatch: pytest.MonkeyPatch) -> None:
     """The same for ``/2``'s rows as held in memory (means as bytes)."""
@@ -331,8 +324,8 @@ def test_byte_rows_checked_at_once_get_the_verdicts_of_rows_checked_one_by_one(
     both = copy.deepcopy(msg)
     both["nodes"][first].update(gpus=row["gpus"][:1], gpu_means=one_gpu)
     variants.append(both)
-    fast = [_memory_verdict(v) for v in variants]
+    fast = [_verdict(v, validate_summary) for v in variants]
     monkeypatch.setattr(contract, "_rows_at_once", lambda *_: False)
-    assert fast == [_memory_verdict(v) for v in variants]
+    assert fast == [_verdict(v, validate_summary) for v in variants]
     assert fast[0] == fast[-1] == "accepted"
     assert all(v != "accepted" for v in fast[1:-1])
