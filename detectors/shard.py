@@ -475,9 +475,9 @@ class JobStage2:
             else:
                 devices = self._devices_of(section, order, listed)
                 self._bin_devices[section] = (order, listed, devices)
-            # every node lists devices in the usual bin: its texts taken in one pass in C
-            # one buffer for the whole bin: a numpy array a node cost a third of a step
-            # (each node's bytes were checked on decode: its devices x metrics)
+            # one buffer for the whole bin, joined in C: a numpy array a node cost a
+            # third of a step (each node's bytes were checked on decode: its devices x
+            # metrics; a node without devices adds none)
             raw = b"".join(map(itemgetter(means_key), in_order))
             means = np.frombuffer(raw, dtype="<f8").astype(np.float64).reshape(
                 len(devices), width)
