@@ -603,6 +603,8 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # grows no faster than the work rate, the clock at least linearly in power)
         capped = np.where(~fault & (y > 0), np.fmin(np.fmax(lower_clock, 0.0), y), 0.0)
         capped = np.nan_to_num(capped, nan=0.0)
+        # a clock above its peers' (log units, <= 0; no clock reading: 0)
+        surplus = np.fmin(lower_clock, 0.0)
         lower_clock = lower_clock - capped
     compared = enough & (peer_busy >= phase_floor) & (busy > 0)
     if basis is None:  # no work signal: busy time alone
@@ -613,7 +615,6 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # its work rate (tensor share x clock) rises and would hide part of the
         # stall. There slowness is busy cycles per unit of work, which the clock
         # cannot move (below its peers' clock it is busy time per unit, as above)
-        surplus = np.nan_to_num(np.fmin(lower_clock + capped, 0.0), nan=0.0)
         slowness, load = per_work - capped - surplus, np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
     stats = np.stack([slowness, load, lower_clock, idle])
