@@ -19,11 +19,15 @@ Why a few seconds matter: the watermark follows the job's newest placed sample,
 so with a 5 s grace a node 3 s behind and one 3 s ahead, plus 2 s of arrival
 reordering, lost one sample in seven of the node behind as late (fleet soak job
 80: 1,085 samples of its 16 nodes in 30 minutes; 10 with this correction).
-Offsets under ``MIN_CORRECTION`` (half a bin) are left alone, because the
-estimate also carries the order samples arrive in: a node whose samples come in
-after the next tick of its peers reads up to a sampling interval off (the engine's
-reordering test: a sane node at -2 s). Nodes sampling at different intervals
-carry different biases too (up to half the longer interval).
+Offsets under ``MIN_CORRECTION`` (half a bin), or under half the node's own
+sampling interval where that is longer, are left alone, because the estimate also
+carries the order samples arrive in: a node whose samples come in after the next
+tick of its peers reads up to a sampling interval off (the engine's reordering
+test: a sane node at -2 s). At dcgm-exporter's 30 s the arrival order alone put
+sane nodes 7-16 s off for minutes, and the shift moved their samples behind the
+watermark: 13 of a 4-node job's 80 samples were dropped as late, and with them a
+tensor-parallel straggler (envelope seed 211). Nodes sampling at different
+intervals carry different biases too (up to half the longer interval).
 
 A node moves the job's watermark only once ``ESTABLISHED_SAMPLES`` of its samples
 have been placed and its offset is known (a new node's first sample cannot drag
@@ -41,6 +45,9 @@ from typing import Any
 from vigil_gpu_monitor.contracts.messages import Sample
 
 MIN_CORRECTION = 2.5  # seconds from the median offset: smaller ones are not corrected
+# ... nor those under this share of the node's sampling interval: arrival order
+# alone makes a sane node read up to an interval off
+INTERVAL_SHARE = 1.0
 ESTABLISHED_SAMPLES = 3
 MIN_VOTERS = 3  # nodes needed for a majority; fewer: nodes are not corrected
 SMOOTHING = 0.1  # weight of the newest difference once a node is established
@@ -70,11 +77,14 @@ class ClockOffsets:
                 "estimates": self.estimates, "clock": self.clock,
                 "reference": self.reference, "since_vote": self._since_vote}
 
-    def place(self, sample: Sample, learn: bool = True) -> tuple[Sample, bool]:
+    def place(self, sample: Sample, learn: bool = True,
+              interval: float = 0.0) -> tuple[Sample, bool]:
         """The sample on the job's clock (the same dict when no correction applies),
         and whether its node is established enough to move the job's watermark.
         ``learn``: whether its distance from the job's clock may teach its node's
-        offset (not for a sample that waited for the broker: ``detectors/delivery.py``)."""
+        offset (not for a sample that waited for the broker: ``detectors/delivery.py``);
+        ``interval``: the node's sampling interval (0: not known), half of which its
+        offset must pass to be corrected."""
         node, ts = sample["node"], sample["ts"]
         newest = ts >= self.latest.get(node, ts)
         if newest:
@@ -91,7 +101,8 @@ class ClockOffsets:
             known = self.offset.get(node, gap)
             self.offset[node] = known + max(SMOOTHING, 1.0 / k) * (gap - known)
         shift = self._relative(node)
-        placed = sample if abs(shift) < MIN_CORRECTION else {**sample, "ts": ts - shift}
+        least = max(MIN_CORRECTION, INTERVAL_SHARE * interval)
+        placed = sample if abs(shift) < least else {**sample, "ts": ts - shift}
         established = count >= ESTABLISHED_SAMPLES and (node in self.offset
                                                         or voters < MIN_VOTERS)
         return placed, established

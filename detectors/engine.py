@@ -129,7 +129,8 @@ class JobEngine:
         # a sample that waited for the broker arrives out of its time: how far it is
         # from the job's clock then is its wait, not its node's clock offset
         held_up = excess if excess is not None and excess > self.cfg.grace_seconds else None
-        sample, established = self.clocks.place(sample, learn=held_up is None)
+        sample, established = self.clocks.place(sample, learn=held_up is None,
+                                                interval=self.health.interval(sample["node"]))
         alive_at = self.clocks.alive_at(sample["node"], raw_ts)
         if held_up is not None:
             self.health.delivery_resumed(alive_at + held_up)

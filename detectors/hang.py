@@ -86,8 +86,10 @@ def _working(view: WindowView, last: int, memory: dict[str, Any]) -> NDArray[np.
     return out
 
 
-def hung_bins(view: WindowView, last: int, memory: dict[str, Any]) -> np.ndarray:
-    """Boolean per bin of the ``last`` bins: the job shows the hang signature."""
+def hung_bins(view: WindowView, last: int,
+              memory: dict[str, Any]) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """Per bin of the ``last`` bins: whether the job shows the hang signature, and
+    whether the bin holds readings to tell (two GPUs or more read utilisation)."""
     sm, util = view.gpu("sm_active")[:, -last:], view.gpu("gpu_util")[:, -last:]
     mem, nvl = view.gpu("mem_used")[:, -last:], view.gpu("nvlink_tx")[:, -last:]
     # a GPU counts where the utilisation reading exists: one whose reading is missing
@@ -101,36 +103,46 @@ def hung_bins(view: WindowView, last: int, memory: dict[str, Any]) -> np.ndarray
     quiet_nvl = ~(nanmedian(nvl, axis=0) > QUIET_NVLINK)
     ib = view.nic("ib_tx")[:, -last:] if view.nics else np.full((1, last), np.nan)
     quiet_ib = ~(nanmedian(ib, axis=0) > QUIET_IB)
-    return np.asarray((share >= SHARE) & quiet_nvl & quiet_ib & (count >= 2))
+    read = count >= 2
+    return np.asarray((share >= SHARE) & quiet_nvl & quiet_ib & read), read
 
 
 def find_hang(view: WindowView, p: HangParams, memory: dict[str, Any]) -> list[Finding]:
-    """A job-level finding when the latest bins all show the hang signature
-    (``memory``: the job's working levels, engine state)."""
+    """A job-level finding when the bins read since the signature began all show it,
+    over at least ``p.seconds`` (``memory``: the job's working levels, engine state).
+
+    Only bins that hold readings tell: at a long tick most bins hold none (an agent
+    every 30 s fills one 5 s bin in six, or two where the nodes' clocks differ), and
+    such a bin neither ends the signature nor adds to it. Judged on the newest bins
+    alone, a hang seen every 30 s resolved in the empty bins between and fired again
+    at the next sample (a page every half minute)."""
     need = max(1, int(np.ceil(p.seconds / view.bin_seconds)))
     if len(view.bins) < need or not view.gpus:
         return []
-    if not hung_bins(view, need, memory).all():
+    hung, read = hung_bins(view, len(view.bins), memory)
+    rows = np.flatnonzero(read)
+    if rows.size == 0 or not hung[rows[-1]]:
         return []
-    hung = hung_bins(view, len(view.bins), memory)
-    if bool(_working(view, 1, memory).any()):  # the others wait for it: a long step, until it lasts
+    newest = int(rows[-1])
+    broken = rows[~hung[rows]]
+    first = int(rows[rows > broken[-1]][0]) if broken.size else int(rows[0])
+    span = newest - first + 1  # bins from the first hung reading to the newest one
+    # the others wait for one that works: a long step, until it lasts
+    if bool(_working(view, len(view.bins), memory)[:, newest].any()):
         need = max(need, int(np.ceil(p.waiting_seconds / view.bin_seconds)))
-        if len(hung) < need or not hung[-need:].all():
-            return []
-    run = need
-    while run < len(hung) and hung[-run - 1]:
-        run += 1
-    since = view.bin_start(0, run)
+    if span < need:
+        return []
+    since = view.bin_start(first, len(view.bins))
     # the detectors' own median: NaN, not a warning, where no GPU read the counter
-    sm, util = (float(nanmedian(view.gpu(m)[:, -need:].ravel(), axis=0))
+    sm, util = (float(nanmedian(view.gpu(m)[:, first:newest + 1].ravel(), axis=0))
                 for m in ("sm_active", "gpu_util"))
     summary = (f"Job appears hung: all {len(view.gpus)} GPUs keep a kernel resident "
                f"(utilisation {fmt(util, 'ratio')}, SM activity {fmt(sm, 'ratio')}) with no "
                f"tensor or memory work and no NVLink or InfiniBand traffic for "
-               f"{run * view.bin_seconds:.0f}s (a stuck collective).")
+               f"{span * view.bin_seconds:.0f}s (a stuck collective).")
     return [Finding("hang", None, None, "critical", ("sm_active", "gpu_util", "nvlink_tx", "ib_tx"),
-                    float(run * view.bin_seconds), summary, since,
+                    float(span * view.bin_seconds), summary, since,
                     {"sm_active_median": None if np.isnan(sm) else round(sm, 4),
                      "gpu_util_median": round(util, 4),
-                     "gpus": len(view.gpus), "hung_seconds": run * view.bin_seconds},
+                     "gpus": len(view.gpus), "hung_seconds": span * view.bin_seconds},
                     fire_after=1)]

@@ -190,6 +190,11 @@ class HealthMonitor:
         known, the silence is the longest."""
         return self._silence_after(node, self.typical_interval())
 
+    def interval(self, node: str) -> float:
+        """The node's typical interval on its own clock (0 while not known)."""
+        kept = self.cadence.get(node)
+        return kept[0] if kept else 0.0
+
     def typical_interval(self) -> float | None:
         """The job's agents' interval: the median of the nodes' known ones (None while
         none is known)."""

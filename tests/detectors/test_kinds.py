@@ -93,6 +93,21 @@ def test_a_hang_is_found_within_20_s_whatever_the_nccl_channel_count(channels: i
     assert hangs and 0 < hangs[0]["detected_at"] - fault.start <= 20
 
 
+@pytest.mark.parametrize("tick", [15.0, 30.0])
+def test_a_hang_seen_at_a_long_tick_pages_once_and_resolves_when_it_ends(tick: float) -> None:
+    """At dcgm-exporter's 30 s, a 5 s bin in six holds a sample: the empty bins between
+    neither end the hang nor confirm it (judged on the newest bins alone, the hang
+    resolved between samples and fired again at each: a page every half minute)."""
+    job = JobSpec("j", [f"n{i}" for i in range(4)])
+    fault = Fault("hang", "j", None, None, AT, AT + 240)
+    runner = ReplayRunner(DetectConfig())
+    dets = [d for s in Simulator(Cluster([job], [fault]), START, seed=11, tick=tick
+                                 ).samples(AT - START + 420) for d in runner.feed(s)]
+    hangs = [(d["state"], d["detected_at"] - AT) for d in dets if d["kind"] == "hang"]
+    assert [state for state, _ in hangs] == ["firing", "resolved"], hangs
+    assert hangs[0][1] <= 2 * tick + 10 and hangs[1][1] >= 240
+
+
 def test_gpus_doing_tensor_work_are_not_hung_at_any_sm_level() -> None:
     """The no-progress test reads work: a job whose GPUs read the spin's SM level yet
     still do tensor work (a small kernel, a low-occupancy phase) is not hung."""
@@ -157,7 +172,9 @@ def test_an_agent_ticking_slowly_is_not_silent_and_a_silent_node_still_is(tick: 
     job = JobSpec("j", [f"n{i}" for i in range(4)])
     fault = Fault("node_silent", "j", "n2", None, START + 300)
     runner = ReplayRunner(DetectConfig())
-    dets = [d for s in Simulator(Cluster([job], [fault]), START, seed=5, tick=tick).samples(480)
+    # long enough for the bound below to pass at 30 s (300 + 185 s; a watermark a few
+    # seconds past 480 s had it only where a node's clock was misplaced forward)
+    dets = [d for s in Simulator(Cluster([job], [fault]), START, seed=5, tick=tick).samples(540)
             for d in runner.feed(s) if d["state"] == "firing"]
     assert [(d["kind"], d["node"]) for d in dets] == [("node_silent", "n2")]
     assert dets[0]["detected_at"] - fault.start <= (SILENT_MISSES + TICK_MARGIN + 2) * tick
