@@ -19,15 +19,18 @@ Why a few seconds matter: the watermark follows the job's newest placed sample,
 so with a 5 s grace a node 3 s behind and one 3 s ahead, plus 2 s of arrival
 reordering, lost one sample in seven of the node behind as late (fleet soak job
 80: 1,085 samples of its 16 nodes in 30 minutes; 10 with this correction).
-Offsets under ``MIN_CORRECTION`` (half a bin), or under half the node's own
-sampling interval where that is longer, are left alone, because the estimate also
-carries the order samples arrive in: a node whose samples come in after the next
-tick of its peers reads up to a sampling interval off (the engine's reordering
-test: a sane node at -2 s). At dcgm-exporter's 30 s the arrival order alone put
-sane nodes 7-16 s off for minutes, and the shift moved their samples behind the
-watermark: 13 of a 4-node job's 80 samples were dropped as late, and with them a
-tensor-parallel straggler (envelope seed 211). Nodes sampling at different
-intervals carry different biases too (up to half the longer interval).
+Offsets under ``MIN_CORRECTION`` (half a bin) are left alone, because the
+estimate also carries the order samples arrive in: a node whose samples come in
+after the next tick of its peers reads up to a sampling interval off (the engine's
+reordering test: a sane node at -2 s). At a tick well over a bin that error
+outgrows the bin, and offsets under the node's own sampling interval are left alone
+too: at dcgm-exporter's 30 s the arrival order alone put sane nodes 7-16 s off for
+minutes, and the shift moved their samples behind the watermark (13 of a 4-node
+job's 80 samples dropped as late, and with them a tensor-parallel straggler:
+envelope seed 211). At a tick of a bin or less nothing changed: leaving offsets
+under 5 s alone at a 5 s tick also moved which bins a 32-node MoE job's samples
+fell in, and raised a false ``slowdown`` in the fleet soak (job 72). Nodes sampling
+at different intervals carry different biases too (up to half the longer interval).
 
 A node moves the job's watermark only once ``ESTABLISHED_SAMPLES`` of its samples
 have been placed and its offset is known (a new node's first sample cannot drag
@@ -45,9 +48,11 @@ from typing import Any
 from vigil_gpu_monitor.contracts.messages import Sample
 
 MIN_CORRECTION = 2.5  # seconds from the median offset: smaller ones are not corrected
-# ... nor those under this share of the node's sampling interval: arrival order
-# alone makes a sane node read up to an interval off
-INTERVAL_SHARE = 1.0
+# at a tick longer than this (a bin and a half: a 5 s agent's interval, learned with
+# its jitter, may read a little over the 5 s bin), an offset under the node's sampling
+# interval is not corrected either: arrival order alone makes a sane node read up to
+# an interval off
+LONG_TICK = 3 * MIN_CORRECTION
 ESTABLISHED_SAMPLES = 3
 MIN_VOTERS = 3  # nodes needed for a majority; fewer: nodes are not corrected
 SMOOTHING = 0.1  # weight of the newest difference once a node is established
@@ -83,8 +88,8 @@ class ClockOffsets:
         and whether its node is established enough to move the job's watermark.
         ``learn``: whether its distance from the job's clock may teach its node's
         offset (not for a sample that waited for the broker: ``detectors/delivery.py``);
-        ``interval``: the node's sampling interval (0: not known), half of which its
-        offset must pass to be corrected."""
+        ``interval``: the node's sampling interval (0: not known), which its offset
+        must pass to be corrected where it is longer than ``LONG_TICK``."""
         node, ts = sample["node"], sample["ts"]
         newest = ts >= self.latest.get(node, ts)
         if newest:
@@ -101,7 +106,7 @@ class ClockOffsets:
             known = self.offset.get(node, gap)
             self.offset[node] = known + max(SMOOTHING, 1.0 / k) * (gap - known)
         shift = self._relative(node)
-        least = max(MIN_CORRECTION, INTERVAL_SHARE * interval)
+        least = interval if interval > LONG_TICK else MIN_CORRECTION
         placed = sample if abs(shift) < least else {**sample, "ts": ts - shift}
         established = count >= ESTABLISHED_SAMPLES and (node in self.offset
                                                         or voters < MIN_VOTERS)

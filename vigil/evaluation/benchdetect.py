@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +56,9 @@ class Tally:
     correct: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     healthy_false_alarms: int = 0
     workload: int = 0  # load_imbalance detections (firing and resolved), apart
+    # firings of a (kind, node, GPU) beyond its first in a scenario: an incident that
+    # resolved and fired again, i.e. a page more for one fault (or one false alarm)
+    refired: int = 0
     misses: list[str] = field(default_factory=list)
     false_alarms: list[str] = field(default_factory=list)
 
@@ -64,6 +67,8 @@ class Tally:
         # load imbalance reports workload, not a fault: it counts neither way
         firing = [d for d in dets if d["state"] == "firing" and d["kind"] != "load_imbalance"]
         self.workload += len(dets) - len([d for d in dets if d["kind"] != "load_imbalance"])
+        pages = Counter((d["kind"], d["node"], d["gpu"]) for d in firing)
+        self.refired += sum(n - 1 for n in pages.values())
         for det in firing:
             self.fired[det["kind"]] += 1
             if any(matches(det, lab) for lab in labels):

@@ -7,7 +7,9 @@ A row per (parameter, end), plus one with everything drawn. Columns: faults foun
 slow GPUs found within 4 minutes; false alarms on healthy jobs by kind (straggler,
 hang and slowdown apart: the issue allows none); wrong detections on faulty jobs;
 whether the power-capped hot expert was reported as ``load_imbalance``; the firing
-detections a node's power brake raised (one incident is one).
+detections a node's power brake raised (one incident is one); and how often a
+finding fired again after it had resolved, over every scenario of the row (each is
+one more page for the same fault or false alarm).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def score(scenario: Scenario) -> dict[str, Any]:
             "found": sum(vigil.found.values()),
             "delays": [d for v in vigil.delays.values() for d in v],
             "false": dict(false), "fired": sum(vigil.fired.values()),
-            "workload": vigil.workload, "false_alarms": list(vigil.false_alarms)}
+            "workload": vigil.workload, "refired": vigil.refired,
+            "false_alarms": list(vigil.false_alarms)}
 
 
 def summarise(results: list[dict[str, Any]],
@@ -86,6 +89,7 @@ def summarise(results: list[dict[str, Any]],
         "faulty_false": sum(sum(r["false"].values()) for r in faulty),
         "hot_expert": len(hot), "hot_expert_load": sum(r["workload"] > 0 for r in hot),
         "brakes": len(brakes), "brake_detections": sum(r["fired"] for r in brakes),
+        "refired": sum(r["refired"] for r in results),
     }
 
 
@@ -105,8 +109,8 @@ def markdown(table: Mapping[Row, Mapping[str, Any]]) -> str:
     """The table as markdown, one line per row."""
     lines = ["| parameter | end | value | found | median delay s | hangs ≤ 20 s | "
              "8–15 % ≤ 4 min | healthy: straggler | hang | slowdown | other | "
-             "wrong on faulty | hot expert → load | brake detections |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "wrong on faulty | hot expert → load | brake detections | fired again |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row, s in table.items():
         f = s["healthy_false"]
         lines.append(
@@ -115,5 +119,5 @@ def markdown(table: Mapping[Row, Mapping[str, Any]]) -> str:
             f"{s['small_in_time']}/{s['small']} | {f['straggler']} | {f['hang']} | "
             f"{f['slowdown']} | {f['other']} | {s['faulty_false']} | "
             f"{s['hot_expert_load']}/{s['hot_expert']} | "
-            f"{s['brake_detections']}/{s['brakes']} |")
+            f"{s['brake_detections']}/{s['brakes']} | {s['refired']} |")
     return "\n".join(lines)
