@@ -4,10 +4,9 @@ docs/sharding.md, ``vigil.jobclock/1``).
 One stage places each node's samples against the job's clock, the median of every
 node's latest timestamp, and corrects a node once its offset from the median offset
 reaches ``MIN_CORRECTION`` (at long ticks, its sampling interval:
-``detectors/clocks.py``).
-A shard sees only its nodes:
-its median is another one, and it corrects other nodes than one stage does (or none
-at all: a shard of two nodes has no majority). So stage 2, which hears every shard,
+``detectors/clocks.py``). A shard sees only its nodes: its median is another one,
+and it corrects other nodes than one stage does (or none at all: a shard of two
+nodes has no majority). So stage 2, which hears every shard,
 computes the job's clock from the shards' summaries (each node's latest raw time and
 offset) and sends it back; a shard then votes with it:
 
