@@ -128,7 +128,7 @@ def find_hang(view: WindowView, p: HangParams, memory: dict[str, Any]) -> list[F
     first = int(rows[rows > broken[-1]][0]) if broken.size else int(rows[0])
     span = newest - first + 1  # bins from the first hung reading to the newest one
     # the others wait for one that works: a long step, until it lasts
-    if bool(_working(view, len(view.bins), memory)[:, newest].any()):
+    if bool(_working(view, len(view.bins) - newest, memory)[:, 0].any()):
         need = max(need, int(np.ceil(p.waiting_seconds / view.bin_seconds)))
     if span < need:
         return []

@@ -3,6 +3,7 @@ its scenarios (a tiny subset of bench/bench_envelope.py's run)."""
 
 from __future__ import annotations
 
+from vigil_gpu_monitor.vigil.evaluation.benchdetect import Tally
 from vigil_gpu_monitor.vigil.evaluation.envelope import CLASSES
 from vigil_gpu_monitor.vigil.evaluation.sensitivity import (
     markdown,
@@ -36,7 +37,6 @@ def test_a_tiny_table_has_every_row_and_counts_its_scenarios() -> None:
 def test_a_finding_that_fires_again_after_resolving_counts_as_a_page_more() -> None:
     """One fault, one page: the table counts every firing of the same kind, node and
     GPU beyond its first (a hang judged on empty bins at a 30 s tick fired 8-11 times)."""
-    from vigil_gpu_monitor.vigil.evaluation.benchdetect import Tally
     hang = next(c for c in CLASSES if c.name == "hang")
     [sc] = scenarios(("all", "drawn"), (201,), (4,), (hang,))
     start = sc.cluster.faults[0].start
