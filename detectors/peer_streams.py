@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TypeVar
@@ -123,6 +124,11 @@ class PeerLevel:
     # metrics × streams: where False, this bin's departure may count against a fault
     # but never for one (learning goes on as usual); None: no gate
     gate: NDArray[np.bool_] | None = None
+    # metrics × streams (>= 0): how much of a departure from the stream's own normal,
+    # in the direction of a fault, something other than a fault explains this bin
+    # (the clock the power cap takes for more work). It is taken from the departure
+    # the test sees, not from what the stream learns its normal from; None: nothing
+    excuse: Array | None = None
 
 
 @dataclass
@@ -292,6 +298,8 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
         capped = valid & training & np.isfinite(bound)
         early = np.where(capped, deviation - spec.direction[:, None] * bound, np.nan)
     residual = np.where(valid & ~training, deviation - offset, np.nan)
+    excused = _excuser(live, spec)
+    residual, early = excused(residual), excused(early)
     sigmas, floors = [], []
     for c, span in zip(live, spans, strict=True):
         # nothing compared at this level this bin (too few peers, all training): its
@@ -315,7 +323,9 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
     scale = np.fmax(floor_sigma, np.fmax(measured_sigma, np.sqrt(f[VAR])) * _persistence(f))
     # load shed is judged against the stream's whole learned normal (uncapped): a GPU
     # that carried hot experts from the start and has lost them
-    below = np.where(training, np.nan, departure) / scale
+    # (what is excused this bin is no departure from it either)
+    seen = excused(departure)
+    below = np.where(training, np.nan, seen) / scale
     z = np.where(training, early, residual) / scale
     if any(c.level.gate is not None for c in live):
         gate = _joined([c.level.gate if c.level.gate is not None
@@ -337,13 +347,14 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
             # a bin beyond two of the stream's own noise units teaches nothing of its
             # noise: a stall whose first bins the gate kept from counting (not busier
             # yet) was learned as variance, and its evidence shrank as it lasted
-            ordinary = np.abs(departure) <= ORDINARY * scale  # NaN: False
+            ordinary = np.abs(seen) <= ORDINARY * scale  # NaN: False
         if spec.jumps_are_noise is not None:
             ordinary |= np.array(spec.jumps_are_noise)[:, None]
-        count = _learn(f, count, valid, np.clip(departure, -HUBER * job_sigma,
-                                                HUBER * job_sigma),
+        count = _learn(f, count, valid, np.clip(seen, -HUBER * job_sigma, HUBER * job_sigma),
             training | (evidence <= 2 * k), (evidence < h / 4) & ordinary, bin_seconds,
-            young=capped_level & ((last - born) * bin_seconds < TRAINING_SECONDS))
+            young=capped_level & ((last - born) * bin_seconds < TRAINING_SECONDS),
+            teaches=None if seen is departure else np.clip(
+                departure, -HUBER * job_sigma, HUBER * job_sigma))
     table[-3], table[-2], table[-1] = count, born, float(last)
     decided = _Decided(f, z, h, spec)
     outcomes = {}
@@ -351,6 +362,21 @@ def advance(comparisons: list[Comparison], spec: MetricSpec, comparable: bool, l
         c.streams.replace(list(c.level.keys), table[:, span], oldest)
         outcomes[id(c)] = decided.outcome(c.level, span)
     return [outcomes.get(id(c), Outcome({}, set(), set())) for c in comparisons]
+
+
+def _excuser(live: list[Comparison], spec: MetricSpec) -> Callable[[Array], Array]:
+    """What takes each stream's excuse (``PeerLevel.excuse``) out of a departure
+    from its normal: in the direction of a fault, down to 0 at most (a departure
+    the other way, or none, is left as it is). The identity where no level has one."""
+    if all(c.level.excuse is None for c in live):
+        return lambda a: a
+    excuse = _joined([np.zeros(c.level.valid.shape) if c.level.excuse is None
+                      else c.level.excuse for c in live])
+    toward = spec.direction[:, None]
+
+    def excused(a: Array) -> Array:
+        return a - toward * np.clip(toward * a, 0.0, excuse)
+    return excused
 
 
 def _joined(parts: list[_A], axis: int = 1) -> _A:
@@ -440,8 +466,11 @@ def _persistence(f: Array) -> Array:
 
 def _learn(f: Array, count: Array, valid: NDArray[np.bool_], residual: Array,
            quiet: Array, calm: Array, bin_seconds: float,
-           young: NDArray[np.bool_] | None = None) -> Array:
+           young: NDArray[np.bool_] | None = None, teaches: Array | None = None) -> Array:
     """What a stream learns from this bin; returns the new update counts.
+    ``teaches``: the departure its offset moves toward, where not ``residual`` (the
+    departure before its excuse is taken: the offset is the stream's own normal, the
+    excuse this bin's); its noise is learned from ``residual`` all the same.
 
     A ``young`` stream (first seen less than ``TRAINING_SECONDS`` ago) stays in
     training whatever its count: its count stops one short of ``TRAINING_BINS``,
@@ -482,7 +511,8 @@ def _learn(f: Array, count: Array, valid: NDArray[np.bool_], residual: Array,
         new_count = np.where(young, np.minimum(new_count, TRAINING_BINS - 1), new_count)
     a = np.where(new_count <= OFFSET_WARMUP_UPDATES, 1.0 / np.maximum(new_count, 1),
                  min(1.0, bin_seconds / OFFSET_TIME_CONSTANT))
-    moved = f[OFF] + a * np.where(valid, zero_nan(residual), 0.0)
+    toward = residual if teaches is None else teaches
+    moved = f[OFF] + a * np.where(valid, zero_nan(toward), 0.0)
     known = calm & ~np.isnan(residual) & (count >= TRAINING_BINS)  # once trained
     now = np.where(known, residual, 0.0)
     # a plain mean that starts from a prior of zero worth ``VARIANCE_PRIOR`` bins (the

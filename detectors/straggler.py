@@ -270,6 +270,9 @@ class _Readings:
     memory_ratio: Array  # bytes moved a second over the peers' (NaN: no DRAM reading)
     extra_processes: Array  # compute processes beyond the peers' median (NaN: unknown)
     quiet: Array  # log(peers' power / its power) where compared, else NaN
+    # STATS × streams: how much of a departure from the stream's normal the clock
+    # the power cap takes for its extra work explains this bin (0: none)
+    excuse: Array
 
 
 def find_stragglers(view: WindowView, p: StragglerParams,
@@ -638,16 +641,27 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     with np.errstate(invalid="ignore"):
         held_back = ~(slowness >= 0)  # NaN (no work reading): not told apart
     gate = np.stack([(busier | behind) & ~memory_explained, anyway, busier, held_back])
+    # the statistics go to the test with nothing excused, and the excuse beside them:
+    # it is taken from a departure from the stream's own normal, never from what the
+    # stream learns its normal from (a hot expert whose training was all excused
+    # learned its leaky silicon's lower clock as its peers' clock, and was called
+    # slow the day it cooled)
+    excuse = np.zeros(stats.shape)
+    if basis is not None:
+        excuse[0] = capped
+    excuse[2] = capped
+    stats[0] += excuse[0]
+    stats[2] += excuse[2]
     return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,
-                     extra_processes, np.where(compared, quiet, np.nan))
+                     extra_processes, np.where(compared, quiet, np.nan), excuse)
 
 
 def _peer_level(r: _Readings, cap: float, recenter: bool) -> PeerLevel:
     """The statistics as a level of the sequential test (their peers' level is 0 in
     log units; offsets are capped at ``cap``)."""
     return PeerLevel(r.keys, r.stats, r.valid, np.ones(r.stats.shape), cap, recenter=recenter,
-                     gate=r.gate)
+                     gate=r.gate, excuse=r.excuse)
 
 
 def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
