@@ -35,6 +35,12 @@ How a departure is told from normal variation:
   and one within it adds no evidence; a GPU slow from the job's start is found in
   its first bins, not after its offset has been learned. Where there is no cap (a
   node against its job) a stream that trains is not tested.
+- A departure may come with an *excuse* (``PeerLevel.excuse``): the part of it
+  that something other than a fault explains this bin (the clock the power cap
+  takes for a hot expert's work). The test and the noise see the departure less
+  its excuse (down to 0); the offset is learned from the reading itself, so what
+  a stream learns as its normal does not depend on how much was excused while it
+  trained.
 - A reading that jumps by nature (``MetricSpec.jumps_are_noise``: a node's
   last-period utilisation catches the step's gap or misses it) has its noise taken
   as the standard deviation of the level's readings but the one furthest out

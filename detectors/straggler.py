@@ -581,7 +581,11 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     than the work rate, and the clock it costs at least linearly) is load: it is
     taken out of the clock statistic and out of the slowness (busy time per unit
     of work rises as the clock falls). A clock far below what its extra work could
-    cost still counts."""
+    cost still counts. That part is an excuse for this bin (``excuse``), taken from
+    the test's departure, not from the statistics: a stream learns its normal from
+    what it reads, so a leaky GPU (more power for the same work, a lower clock at
+    the cap) that carried a hot expert all through its training learns its lower
+    clock as its own, and is not called slow once the expert moves on."""
     with np.errstate(invalid="ignore", divide="ignore"):
         x = np.log(busy / peer_busy)
         # more memory-bound work is more work: where it explains the busy time, the
