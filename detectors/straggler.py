@@ -579,9 +579,9 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     its clock-event reasons name a fault, the part of its clock deficit that its
     work excess can explain (at most that excess: the power drawn grows no faster
     than the work rate, and the clock it costs at least linearly) is load: it is
-    taken out of the clock statistic and out of the slowness (busy time per unit
-    of work rises as the clock falls). A clock far below what its extra work could
-    cost still counts.
+    taken out of the slowness (busy time per unit of work rises as the clock falls)
+    and excused from the clock statistic. A clock far below what its extra work
+    could cost still counts.
 
     For the clock statistic that part is an excuse for this bin (``excuse``), taken
     from the test's departure, not from the reading the stream learns its normal
@@ -620,7 +620,6 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         capped = np.nan_to_num(capped, nan=0.0)
         # a clock above its peers' (log units, <= 0; no clock reading: 0)
         surplus = np.fmin(lower_clock, 0.0)
-        lower_clock = lower_clock - capped
     compared = enough & (peer_busy >= phase_floor) & (busy > 0)
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)
@@ -653,14 +652,9 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     with np.errstate(invalid="ignore"):
         held_back = ~(slowness >= 0)  # NaN (no work reading): not told apart
     gate = np.stack([(busier | behind) & ~memory_explained, anyway, busier, held_back])
-    # the clock statistic goes to the test with nothing excused, and the excuse
-    # beside it: it is taken from a departure from the stream's own normal, never
-    # from what the stream learns its normal from (a hot expert whose training was
-    # all excused learned its leaky silicon's lower clock as its peers' clock, and
-    # was called slow the day it cooled)
+    # the clock statistic goes to the test as read, its excuse beside it (docstring)
     excuse = np.zeros(stats.shape)
-    excuse[2] = capped
-    stats[2] += capped
+    excuse[STATS.index("clock")] = capped
     return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,
                      extra_processes, np.where(compared, quiet, np.nan), excuse)
