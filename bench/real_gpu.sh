@@ -2,6 +2,7 @@
 # The node agent on a real NVIDIA GPU, end to end (issues: "NVML on a real GPU", #28).
 #
 #   bash bench/real_gpu.sh [PHASE_SECONDS]   # default 20 (a run of ~12 phases);
+#   bash bench/real_gpu.sh envelope          # issue #45's checks (~3 min, real_gpu_envelope.py)
 #                                            # results in $OUT or bench/real-gpu/
 #
 # Needs: an NVIDIA GPU and driver (nvidia-smi), Python >= 3.11 with PyTorch and
@@ -34,6 +35,10 @@ OUTDIR=${OUT:-bench/real-gpu}
 mkdir -p "$OUTDIR"
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if [ "${1:-}" = envelope ]; then  # issue #45's checks: bench/real_gpu_envelope.py
+  nvidia-smi -q -d POWER,CLOCK,PERFORMANCE > "$OUTDIR/nvidia-smi-q.txt" 2>&1
+  exec $PY bench/real_gpu_envelope.py run --out "$OUTDIR"
+fi
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUTDIR/events.log"; }
 SOURCES=${REAL_GPU_SOURCES:-nvml,host}
 DEVICE=${TRAIN_DEVICE:-cuda}

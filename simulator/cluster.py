@@ -44,6 +44,8 @@ from vigil_gpu_monitor.simulator.physics import (
     IDLE_WATTS,
     NOMINAL_MEM_CLOCK,
     NOMINAL_SM_CLOCK,
+    OCCUPANCY_PER_SPINNING_CTA,
+    SM_COUNT,
     SM_WHILE_WAITING,
     WAITING_WATTS,
     GpuPhases,
@@ -764,7 +766,8 @@ class Simulator:
         # the spinning CTAs' SMs: counters() counted one, a channel each is held
         extra = wait * (env.waiting_sm - SM_WHILE_WAITING)
         reading["sm_active"] = _clip(reading["sm_active"] + extra)
-        reading["sm_occupancy"] = _clip(reading["sm_occupancy"] + extra * 0.004 * 132)
+        reading["sm_occupancy"] = _clip(reading["sm_occupancy"]
+                                       + extra * OCCUPANCY_PER_SPINNING_CTA * SM_COUNT)
         if hung:
             reading["pcie_tx"] = abs(rng.gauss(2e6, 5e5))  # nothing moves; a trickle
             reading["pcie_rx"] = abs(rng.gauss(2e6, 5e5))

@@ -44,6 +44,10 @@ DRAM_WHILE_MEMORY_BOUND = 0.85  # ... in a memory-bound kernel (bandwidth-limite
 SM_WHILE_COMPUTING = 0.95
 SM_WHILE_COMMUNICATING = 0.10
 SM_WHILE_WAITING = 1.0 / SM_COUNT  # one spinning NCCL block
+# the warps a spinning NCCL CTA keeps resident (512 threads: 16 of an SM's 64), as a
+# share of the GPU's: measured on an H200, 24 CTAs read sm_occupancy 0.045
+# (bench/real_gpu_envelope.py; tests/simulator/test_real_gpu_envelope.py)
+OCCUPANCY_PER_SPINNING_CTA = 16.0 / 64.0 / SM_COUNT
 IDLE_WATTS = 90.0
 
 
@@ -143,7 +147,8 @@ def counters(shares: tuple[float, float, float, float], speed: Speed,
     return {
         "sm_active": ratio(compute * SM_WHILE_COMPUTING + wait * waiting_sm
                            + comm * SM_WHILE_COMMUNICATING),
-        "sm_occupancy": ratio(compute * 0.5 + comm * 0.05 + wait * 0.004 * spin),
+        "sm_occupancy": ratio(compute * 0.5 + comm * 0.05
+                               + wait * OCCUPANCY_PER_SPINNING_CTA * spin),
         "tensor_active": ratio(compute * tensor_rate),
         "fp16_active": ratio(compute * 0.08 / speed.stall),
         "fp32_active": ratio(compute * 0.05 / speed.stall + comm * 0.02),
