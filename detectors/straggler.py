@@ -215,21 +215,6 @@ TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its
 PEAK_FLOOR = 0.6  # ... nor one whose busiest GPU fell below this share of its usual
 SETTLE_BINS = 16  # compared bins before the job counts as settled
 EVEN_LOAD_Z = 3.0  # a work deficit this many load-noise units: slower, not colder
-# the spin's share of a colder GPU's slowness (``_spin_slope``): fitted where the
-# coldest third of a job's colder GPUs does at least this much less work per unit
-# than the warmest third (peers' work over its own, less 1), on this many GPUs at
-# least, and at most this steep (32 channels spinning through a wait as long as the
-# compute: 0.24 / 0.95 × 2 ≈ 0.5)
-SPIN_UNEVEN_SIGMA = 0.03  # ... in a job whose learned load noise is at least this
-SPIN_SPREAD = 0.05
-SPIN_MIN_STREAMS = 9
-SPIN_SLOPE_MAX = 0.5
-# ... on GPUs with at least half their peers' work: one with less is in another part
-# of the step this bin (a pipeline's bubble, a lossy node's one window), not colder
-SPIN_COLDER_MAX = 1.0
-SPIN_SMOOTHING = 0.1  # the weight of a bin's fit in the job's spin slope
-SPIN_POINTS = 64  # Theil-Sen over at most this many streams (2,016 pairs)
-SPIN_PAIR_APART = 0.01  # ... of pairs whose ``colder`` differ by at least this
 # a host-bound node's power deficit began to rise at most this long before its idle
 # time did (both start with the fault; an older one is the node's own drift)
 CORROBORATION_SECONDS = 300.0
@@ -327,9 +312,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
         learned[level] = StreamTable.load(learned.get(level))
     load_noise = learned.setdefault("noise_gpu", {}).get("sigma")
     gpu_level, node_level = _levels(view, latest, basis, phase_floor, clock_faults,
-                                    compare_nodes, _even_load(load_noise),
-                                    memory.setdefault("spin", {}) if _uneven_load(load_noise)
-                                    else None)
+                                    compare_nodes, _even_load(load_noise))
     nodes, gpus = advance(
         [Comparison(_peer_level(node_level, float("inf"), True), p.node_test, learned["node"],
                     learned.setdefault("noise_node", {})),
@@ -484,19 +467,9 @@ def _even_load(noise: list[float | None] | None) -> float:
     return math.inf if sigma is None else max(SLOWNESS_FLOOR, EVEN_LOAD_Z * sigma)
 
 
-def _uneven_load(noise: list[float | None] | None) -> bool:
-    """Whether the job's work moves between its GPUs (MoE expert load: a learned load
-    noise of 5-10 %, against 1-2 % where the work is shared evenly): only there are
-    colder GPUs measured for their spin (``_spin_slope``). In an even job the one
-    GPU doing less work is the stalled one, and a fit through it would excuse it."""
-    sigma = None if noise is None else noise[STATS.index("load")]
-    return sigma is not None and sigma >= SPIN_UNEVEN_SIGMA
-
-
 def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: float,
             clock_faults: Collection[str] = frozenset(), compare_nodes: bool = True,
-            even_load: float = math.inf, spin: dict[str, float] | None = None
-            ) -> tuple[_Readings, _Readings]:
+            even_load: float = math.inf) -> tuple[_Readings, _Readings]:
     """Each GPU against the GPUs of its node; each node's median GPU against the
     job's nodes. Peers whose median busy time is below ``phase_floor`` are in another
     part of the step this bin (a lossy node's one window in the collective, say):
@@ -540,7 +513,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     _ratio(memory[at], node_memory[node_idx]), extra_processes,
                     # one GPU's gpu_util is too coarse to compare (see the docstring)
                     util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault,
-                    even_load=even_load, spin=spin)
+                    even_load=even_load)
     node_power = nanmedian(latest[_POWER], axis=1)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
@@ -590,8 +563,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
               extra_processes: Array, util: tuple[Array, Array],
               clock_fault: NDArray[np.bool_] | None = None,
               power: tuple[Array, Array] | None = None,
-              even_load: float = math.inf, spin: dict[str, float] | None = None
-              ) -> _Readings:
+              even_load: float = math.inf) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
@@ -600,9 +572,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     ``gpu_util`` and their peers'; ``clock_fault``: where the clock-event reasons
     name a fault; ``power``: the streams' power and their peers', where compared;
     ``even_load``: a work deficit beyond this, at any busy time, is slowness's
-    evidence as much as a busy excess is: ``_even_load``; ``spin``: the job's
-    learned spin slope, where its load is uneven: the collective's spin is taken out
-    of colder streams' slowness, ``_spin_slope``; updated in place).
+    evidence as much as a busy excess is: ``_even_load``).
 
     Under the board's power limit the driver trades clock for power, so a stream
     doing more work than its peers runs a lower clock without any fault. Unless
@@ -651,7 +621,6 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # a clock above its peers' (log units, <= 0; no clock reading: 0)
         surplus = np.fmin(lower_clock, 0.0)
     compared = enough & (peer_busy >= phase_floor) & (busy > 0)
-    spun = np.zeros(x.shape, dtype=bool)  # colder, its spin taken out of its slowness
     if basis is None:  # no work signal: busy time alone
         slowness, load = x, np.full(x.shape, np.nan)
     else:
@@ -662,14 +631,6 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # cannot move (below its peers' clock it is busy time per unit, as above)
         slowness, load = per_work - capped - surplus, np.fmin(x, y)
         compared &= (peer_work > 0) & (work > 0)
-        if spin is not None:
-            colder, fitted = _spin_slope(slowness, y, compared & ~memory_explained)
-            slope = _learn_spin(spin, fitted)
-            if slope is not None:
-                # a colder stream's slowness less its longer spin: evidence at any
-                # busy time, as a stall on a colder expert is (``_spin_slope``)
-                slowness = slowness - slope * colder
-                spun = colder > 0
     stats = np.stack([slowness, load, lower_clock, idle])
     valid = compared[None, :] & np.isfinite(stats)  # a zero reading: no ratio to take
     # slowness and a lower clock count as evidence only in a bin where the stream is
@@ -690,80 +651,13 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     # 5,168 GPU-hours): the deficit must accumulate, as the idle time does.
     with np.errstate(invalid="ignore"):
         held_back = ~(slowness >= 0)  # NaN (no work reading): not told apart
-    gate = np.stack([(busier | behind | spun) & ~memory_explained, anyway, busier, held_back])
+    gate = np.stack([(busier | behind) & ~memory_explained, anyway, busier, held_back])
     # the clock statistic goes to the test as read, its excuse beside it (docstring)
     excuse = np.zeros(stats.shape)
     excuse[STATS.index("clock")] = capped
     return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,
                      extra_processes, np.where(compared, quiet, np.nan), excuse)
-
-
-def _spin_slope(slowness: Array, y: Array, use: NDArray[np.bool_]
-                ) -> tuple[Array, float | None]:
-    """How much of a colder GPU's slowness is its longer spin in the collective, and
-    how much colder each stream is: ``(colder, slope)``, ``colder`` = peers' work over
-    the stream's, less 1 (0 for a stream at or above its peers' work), ``slope`` None
-    where the job's load does not spread enough to measure it.
-
-    A GPU with less work than its peers finishes its step early and waits at the
-    barrier, spinning in NCCL's kernel on one SM per channel (measured on an H200:
-    ``sm_active`` = CTAs / 132 exactly). Its busy time per unit of work then holds
-    ``channels/132 × wait / compute`` more than its peers': in an MoE job, where
-    expert load spreads its GPUs by 5-50 %, a colder expert reads 0.03-0.05 slower
-    than its peers with nothing wrong, which is why slowness counted only where a
-    GPU was busier than its peers, and a stall on a colder expert went unseen (the
-    envelope's stalls beside MoE skew: 1 of 6 found on fresh seeds). The wait grows
-    as the inverse of the work, so the spin's share is linear in ``colder``.
-
-    The slope is measured afresh every bin, across the job's colder streams, by
-    the Theil-Sen estimator (the median of the slopes between pairs of streams at
-    least ``SPIN_PAIR_APART`` apart; at most ``SPIN_POINTS`` streams, spread evenly
-    over the range): one stalled GPU is one point in many pairs, and a jump of
-    expert load (re-placed experts) moves the fit with it. It is bounded to
-    ``[0, SPIN_SLOPE_MAX]``, and measured only where the coldest third's ``colder``
-    is ``SPIN_SPREAD`` beyond the warmest third's over at least
-    ``SPIN_MIN_STREAMS`` streams: an evenly loaded job (data, tensor or pipeline
-    parallel at the GPU level) has no colder GPUs to measure it on, and its slowness
-    is left as it was. A GPU with under half its peers' work (``SPIN_COLDER_MAX``)
-    is in another part of the step this bin, not colder: it is neither fitted nor
-    corrected."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        raw = np.expm1(-y)
-        plausible = np.isfinite(raw) & (raw <= SPIN_COLDER_MAX)
-        colder = np.where(plausible, np.fmax(raw, 0.0), 0.0)
-        ok = use & np.isfinite(slowness) & plausible & (y <= 0)
-    if int(ok.sum()) < SPIN_MIN_STREAMS:
-        return colder, None
-    zs, es = colder[ok], slowness[ok]
-    order = np.argsort(zs, kind="stable")
-    third = len(order) // 3
-    if float(np.median(zs[order[-third:]]) - np.median(zs[order[:third]])) < SPIN_SPREAD:
-        return colder, None
-    if len(order) > SPIN_POINTS:  # evenly over the range: the pairs stay few
-        order = order[np.linspace(0, len(order) - 1, SPIN_POINTS).astype(int)]
-    zs, es = zs[order], es[order]
-    i, j = np.triu_indices(len(zs), 1)
-    dz = zs[j] - zs[i]
-    apart = dz >= SPIN_PAIR_APART
-    slope = float(np.median((es[j] - es[i])[apart] / dz[apart])) if apart.any() else 0.0
-    return colder, min(max(slope, 0.0), SPIN_SLOPE_MAX)
-
-
-def _learn_spin(state: dict[str, float], fitted: float | None) -> float | None:
-    """The job's spin slope: each bin's fit (``_spin_slope``) followed with weight
-    ``SPIN_SMOOTHING``, the first taken as it is. The slope is the job's, not a
-    GPU's: its channels and the wait its step leaves, which change only with the
-    job (re-placed experts change which GPUs are colder, not what a colder one
-    spins). A fit on one bin's fifteen-odd colder GPUs varies by ±0.1; applied to a
-    GPU 25 % colder it would add ±0.025 of noise to that GPU's slowness, as much as
-    a small stall adds. A bin whose colder GPUs are too few to fit (a long tick:
-    some nodes' readings only) uses the slope learned so far."""
-    if fitted is not None:
-        before = state.get("slope")
-        state["slope"] = fitted if before is None else before + SPIN_SMOOTHING * (
-            fitted - before)
-    return state.get("slope")
 
 
 def _peer_level(r: _Readings, cap: float, recenter: bool) -> PeerLevel:

@@ -19,8 +19,6 @@ from vigil_gpu_monitor.detectors.straggler import (
     _levels,
     _memory_explains,
     _readings,
-    _spin_slope,
-    _uneven_load,
     _work_basis,
 )
 
@@ -84,71 +82,6 @@ def test_less_work_at_the_same_busy_time_is_evidence_only_where_work_is_even() -
         gates.append(r.gate[0].tolist())
     assert gates == [[True, False, False], [False, False, False], [False, False, False]]
     assert _even_load([0.001, 0.002, 0.0, None]) == pytest.approx(0.025)  # the floor
-
-
-def _moe_bin(stall: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One bin of 24 GPUs of an MoE job: work spread by expert load (0.7-1.3× the
-    median's), busy time per unit of work up by the spin of each colder GPU's wait
-    (0.3 × (peers' work / its own - 1)), and GPU 3 (0.8×) stalled by ``stall``."""
-    work = np.linspace(0.7, 1.3, 24)
-    work[[3, 12]] = 0.8, 1.0  # GPU 12 is the median GPU
-    colder = np.fmax(1.0 / work - 1.0, 0.0)
-    per_work = 0.3 * colder + np.where(np.arange(24) == 3, stall, 0.0)
-    return work, per_work, colder
-
-
-def test_a_colder_gpus_spin_is_measured_across_the_job_and_taken_out_of_its_slowness(
-        ) -> None:
-    """A colder expert waits longer at the barrier, spinning on one SM per channel:
-    busy time per unit of work reads high with nothing wrong. The spin's slope is
-    fitted across the job's colder GPUs; a 10 % stall on one of them is one point of
-    its third and stays as its own evidence, where the others read ~0."""
-    work, per_work, colder = _moe_bin(0.10)
-    use = np.ones(24, dtype=bool)
-    got, slope = _spin_slope(per_work, np.log(work), use)
-    assert slope == pytest.approx(0.3, abs=0.03)
-    assert got == pytest.approx(colder)
-    corrected = per_work - slope * got
-    assert corrected[3] == pytest.approx(0.10, abs=0.02)
-    assert np.abs(np.delete(corrected, 3)).max() < 0.02
-    # in the straggler's readings the stalled colder GPU is now evidence, though it
-    # is less busy than its peers; a colder GPU with nothing wrong reads ~0
-    busy = 0.5 * work * np.exp(per_work)
-    r = _readings([str(i) for i in range(24)], busy, np.full(24, 0.5), work, np.ones(24),
-                  np.full(24, 1980.0), np.full(24, 1980.0), per_work, "tensor_active",
-                  use, 0.05, np.zeros(24, dtype=bool), np.ones(24), np.full(24, np.nan),
-                  util=(np.ones(24), np.ones(24)), even_load=0.25, spin={})
-    slowness = r.stats[STATS.index("slowness")]
-    assert busy[3] < 0.5 and r.gate[0][3] and slowness[3] == pytest.approx(0.10, abs=0.02)
-    assert abs(slowness[0]) < 0.02
-    # without the fit (an even job), the same readings gate the colder GPU out
-    r = _readings([str(i) for i in range(24)], busy, np.full(24, 0.5), work, np.ones(24),
-                  np.full(24, 1980.0), np.full(24, 1980.0), per_work, "tensor_active",
-                  use, 0.05, np.zeros(24, dtype=bool), np.ones(24), np.full(24, np.nan),
-                  util=(np.ones(24), np.ones(24)), even_load=0.25)
-    assert not r.gate[0][3]
-
-
-def test_the_spin_is_not_fitted_where_work_is_even_or_through_one_gpu() -> None:
-    """An even job's one GPU doing less work is the stalled one: a fit through it
-    would excuse it. Only a learned load noise of 3 % or more asks for the fit, and
-    the thirds must spread by 5 % over at least nine colder GPUs; a GPU with under
-    half its peers' work is in another part of the step, neither fitted nor
-    corrected."""
-    assert _uneven_load([0.03, 0.084, 0.005, None])
-    assert not _uneven_load([0.013, 0.014, 0.008, None]) and not _uneven_load(None)
-    work = np.ones(24)
-    work[3] = 0.9
-    per_work = np.where(np.arange(24) == 3, 0.1, 0.0)
-    _, slope = _spin_slope(per_work, np.log(work), np.ones(24, dtype=bool))
-    assert slope is None
-    work = np.linspace(0.7, 1.3, 24)
-    work[0] = 0.3
-    got, slope = _spin_slope(np.zeros(24), np.log(work), np.ones(24, dtype=bool))
-    assert got[0] == 0.0 and slope == pytest.approx(0.0)
-    few = np.zeros(24, dtype=bool)
-    few[:8] = True
-    assert _spin_slope(np.zeros(24), np.log(work), few)[1] is None
 
 
 def test_busy_time_explained_by_memory_work_is_no_evidence_and_a_stall_is() -> None:
