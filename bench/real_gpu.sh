@@ -2,7 +2,7 @@
 # The node agent on a real NVIDIA GPU, end to end (issues: "NVML on a real GPU", #28).
 #
 #   bash bench/real_gpu.sh [PHASE_SECONDS]   # default 20 (a run of ~12 phases);
-#   bash bench/real_gpu.sh envelope          # issue #45's checks (~3 min, real_gpu_envelope.py)
+#   bash bench/real_gpu.sh envelope          # issue #45's checks (~4.5 min, real_gpu_envelope.py)
 #                                            # results in $OUT or bench/real-gpu/
 #
 # Needs: an NVIDIA GPU and driver (nvidia-smi), Python >= 3.11 with PyTorch and

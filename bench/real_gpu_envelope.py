@@ -1,6 +1,7 @@
 """Issue #45's hardware checks on a real GPU: the envelope's open quantities, measured.
 
-    python3 bench/real_gpu_envelope.py run --out DIR      # ~3 min on one GPU (GPU 0)
+    python3 bench/real_gpu_envelope.py run --out DIR      # ~4.5 min on one GPU (GPU 0)
+    python3 bench/real_gpu_envelope.py run --out DIR --checks util,spin   # some of them
     python3 bench/real_gpu_envelope.py report DIR         # the tables again, from DIR
     (or: bash bench/real_gpu.sh envelope)
 
@@ -19,8 +20,10 @@ Three checks, each against the range ``simulator/envelope.py`` draws from:
    100 ms: power, enforced limit, SM clock, clocks-event reasons. What the simulator
    assumes is checked: a GPU at its limit runs under its maximum clock with the SW
    power cap bit (0x4) set, and draw grows with clock (``physics.py``: draw ~ clock²,
-   the exponent measured here from the two limits). The draw at the maximum clock that
-   this implies is the envelope's ``compute_watts`` (750-1,050 W).
+   the exponent measured here over the limits). The draw at the maximum clock that
+   this implies is the envelope's ``compute_watts`` (750-1,050 W). ``sweep``: the
+   products at 300, 400 and 600 W too; ``train``: a transformer's training steps
+   (attention, norms, the optimiser) at 700 and 500 W, the draw a training step has.
 3. **``sm_active`` and ``gpu_util`` of a kernel that waits on a flag**, as NCCL's
    kernel waits in a collective that never completes: 2, 8, 24 and 32 CTAs of 512
    threads (NCCL's channels, one CTA a channel) poll a device flag that never flips,
@@ -286,7 +289,7 @@ def _phase(rec: Recorder, phase: str, kind: str, seconds: float, fast: float,
 CHECKS = ("util", "gemm", "spin", "sweep", "train")
 
 
-def run(out: Path, scale: float, checks: tuple[str, ...] = CHECKS[:3]) -> None:
+def run(out: Path, scale: float, checks: tuple[str, ...] = CHECKS) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "records.jsonl").unlink(missing_ok=True)
     rec = Recorder(out)
@@ -531,7 +534,7 @@ def main() -> None:
     p_run = sub.add_parser("run")
     p_run.add_argument("--out", type=Path, required=True)
     p_run.add_argument("--scale", type=float, default=1.0, help="every phase's length ×")
-    p_run.add_argument("--checks", default=",".join(CHECKS[:3]),
+    p_run.add_argument("--checks", default=",".join(CHECKS),
                        help=f"a comma-separated subset of {','.join(CHECKS)}")
     p_report = sub.add_parser("report")
     p_report.add_argument("dir", type=Path)
