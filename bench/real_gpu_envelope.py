@@ -264,10 +264,12 @@ def _limit(rec: Recorder, watts: float | None) -> None:
 
 
 def _phase(rec: Recorder, phase: str, kind: str, seconds: float, fast: float,
-           ctas: int = 0, skip: float = 3.0) -> None:
-    """One load in a child, measured from ``skip`` s after it is warm to its end."""
+           scale: float, ctas: int = 0, skip: float = 3.0) -> None:
+    """One load in a child, measured for ``seconds`` from ``skip`` s after it is warm
+    (both × ``scale``, and the child's second of slack)."""
+    seconds, skip = seconds * scale, skip * scale
     child = subprocess.Popen([sys.executable, __file__, "load", kind, "--seconds",
-                              str(seconds + skip + 1), "--ctas", str(ctas)],
+                              str(seconds + skip + scale), "--ctas", str(ctas)],
                              stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     line = child.stdout.readline()
@@ -305,27 +307,27 @@ def run(out: Path, scale: float, checks: tuple[str, ...] = CHECKS) -> None:
         if isinstance(constraints, (list, tuple)):
             low = max(low, constraints[0] / 1000)
         if "util" in checks:
-            _phase(rec, "duty", "duty", 10 * scale, 0.02)
+            _phase(rec, "duty", "duty", 10, 0.02, scale)
             rec.samples("duty", 0)  # the whole buffer
         if "gemm" in checks:
-            _phase(rec, "gemm", "gemm", 25 * scale, 0.1)
-            _phase(rec, "gemm-zeros", "gemm-zeros", 15 * scale, 0.1)
+            _phase(rec, "gemm", "gemm", 25, 0.1, scale)
+            _phase(rec, "gemm-zeros", "gemm-zeros", 15, 0.1, scale)
             _limit(rec, low)
-            _phase(rec, f"gemm-{low:.0f}w", "gemm", 15 * scale, 0.1)
+            _phase(rec, f"gemm-{low:.0f}w", "gemm", 15, 0.1, scale)
             _limit(rec, default_w)
         if "sweep" in checks:  # the draw-against-clock law over more limits
             for watts in SWEEP_WATTS:
                 _limit(rec, watts)
-                _phase(rec, f"gemm-{watts:.0f}w", "gemm", 8 * scale, 0.1)
+                _phase(rec, f"gemm-{watts:.0f}w", "gemm", 8, 0.1, scale)
             _limit(rec, default_w)
         if "train" in checks:
-            _phase(rec, "train", "train", 20 * scale, 0.1)
+            _phase(rec, "train", "train", 20, 0.1, scale)
             _limit(rec, low)
-            _phase(rec, f"train-{low:.0f}w", "train", 10 * scale, 0.1)
+            _phase(rec, f"train-{low:.0f}w", "train", 10, 0.1, scale)
             _limit(rec, default_w)
         if "spin" in checks:
             for ctas in SPIN_CTAS:
-                _phase(rec, f"spin-{ctas}", "spin", 6 * scale, 0.1, ctas=ctas, skip=1.5)
+                _phase(rec, f"spin-{ctas}", "spin", 6, 0.1, scale, ctas=ctas, skip=1.5)
     finally:
         if default_w is not None:
             rec.write({"kind": "set-limit", "watts": default_w,
@@ -419,7 +421,7 @@ def gauge_readings(records: list[dict[str, Any]]) -> dict[str, dict[str, list[fl
 
 
 def report(out: Path) -> str:
-    """The three checks' tables from ``out/records.jsonl``."""
+    """The checks' tables from a run's records (``read_records``: its folder or file)."""
     records = read_records(out)
     info: dict[str, Any] = next((r for r in records if r["kind"] == "info"), {})
     ticks: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -537,7 +539,7 @@ def main() -> None:
     p_run.add_argument("--checks", default=",".join(CHECKS),
                        help=f"a comma-separated subset of {','.join(CHECKS)}")
     p_report = sub.add_parser("report")
-    p_report.add_argument("dir", type=Path)
+    p_report.add_argument("dir", type=Path, help="a run's folder, or its records (.jsonl[.gz])")
     p_load = sub.add_parser("load")
     p_load.add_argument("kind")
     p_load.add_argument("--seconds", type=float, required=True)

@@ -37,6 +37,9 @@ Left out:
 - ``real_gpu_check.py``, ``real_gpu.sh``, ``gpu_train.py``: a real GPU (NVML) and
   PyTorch; ``real_gpu_check.py``'s offline ``compare`` and ``phases`` are tested in
   ``tests/producers/test_real_gpu_trace.py``.
+  ``real_gpu_envelope.py`` runs here with the fake NVML and no load
+  (``REAL_GPU_DRY=1``: its plumbing and tables), and its ``report`` over the real
+  H200's first run.
 
 Measured on the shared 2-core machine: the slowest case is ``bench_envelope.py``
 (9-12 s); the whole module ~40 s.
@@ -45,6 +48,7 @@ Measured on the shared 2-core machine: the slowest case is ``bench_envelope.py``
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import subprocess
 import sys
@@ -57,6 +61,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 H100_TRACE = ROOT / "tests" / "producers" / "fixtures" / "real_gpu_h100" / "trace.jsonl.gz"
+H200_RUN1 = (ROOT / "tests" / "simulator" / "fixtures" / "real_gpu_h200_envelope"
+             / "run1-records.jsonl.gz")
 # Far above any case's time here (≤ ~20 s): only a hung script reaches it.
 TIMEOUT_SECONDS = 180
 
@@ -74,6 +80,7 @@ class BenchRun:
     args: tuple[str, ...]
     prints: tuple[str, ...]
     prepare: Callable[[Path], None] | None = None  # writes its inputs into the workdir
+    env: tuple[tuple[str, str], ...] = ()  # set for its run, beside the inherited ones
 
     def command(self) -> list[str]:
         return [sys.executable, str(BENCH / self.script), *self.args]
@@ -147,6 +154,15 @@ RUNS: dict[str, BenchRun] = {
         "bench_witness.py", ("--steps", "2000"),
         (r"^agent up, default batching +mean .* sent \d+ dropped \d+",
          r"^agent up, a datagram a step +mean", r"^no agent, a send a step +mean")),
+    "real-gpu-envelope-dry": BenchRun(
+        "real_gpu_envelope.py", ("run", "--out", ".", "--scale", "0.02"),
+        (r"^### 1\. NVML's utilisation sample period", r"^\| gemm-500w \| ",
+         r"^\| train \| ", r"^### 3\. A kernel waiting on a flag"),
+        env=(("REAL_GPU_DRY", "1"),)),
+    "real-gpu-envelope-report": BenchRun(
+        "real_gpu_envelope.py", ("report", str(H200_RUN1)),
+        (r"^\| NVML_GPU_UTILIZATION_SAMPLES \| 71 \| 200\.0 \|",
+         r"^\| gemm \| 665 TFLOP/s \| 691 ", r"^\| 24 \| 0\.182 \| 0\.182 \| 0\.045 \|")),
     "fleet-soak": BenchRun(
         "fleet_soak.py", ("--gpu-hours", "1", "--hours-per-job", "0.05", "--procs", "1"),
         (r"^\[ *\d+s\] 1/1 jobs", r"^1 healthy jobs, .* node samples",
@@ -164,7 +180,7 @@ def test_bench_script_runs_at_tiny_arguments(run: BenchRun, tmp_path: Path) -> N
         run.prepare(tmp_path)
     try:
         done = subprocess.run(run.command(), cwd=tmp_path, capture_output=True, text=True,
-                              timeout=TIMEOUT_SECONDS)
+                              timeout=TIMEOUT_SECONDS, env={**os.environ, **dict(run.env)})
     except subprocess.TimeoutExpired:
         pytest.fail(f"{run.script} {' '.join(run.args)}: still running after "
                     f"{TIMEOUT_SECONDS} s")
