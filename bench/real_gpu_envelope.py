@@ -54,6 +54,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vigil_gpu_monitor.simulator.physics import IDLE_WATTS
+
 # clocks-event reason bits (nvmlClocksEventReasons)
 REASONS = {0x1: "idle", 0x2: "app clocks", 0x4: "SW power cap", 0x8: "HW slowdown",
            0x10: "sync boost", 0x20: "SW thermal", 0x40: "HW thermal",
@@ -371,8 +373,6 @@ def implied_compute_watts(power: float, clock: float, max_clock: float) -> float
     """The envelope's ``compute_watts`` (draw at the maximum clock) that the simulator's
     law, draw = idle + k·clock² (``simulator/physics.py``), gives a GPU measured at
     ``power`` W and ``clock`` MHz under its limit."""
-    from vigil_gpu_monitor.simulator.physics import IDLE_WATTS
-
     return IDLE_WATTS + (power - IDLE_WATTS) * (max_clock / clock) ** 2
 
 
@@ -458,7 +458,6 @@ def report(out: Path) -> str:
             and isinstance(g["util"], int)]
     if duty:
         utils = [g["util"] for g in duty]
-        changes = [b["t"] - a["t"] for a, b in itertools.pairwise(duty) if b["util"] != a["util"]]
         change_times = [b["t"] for a, b in itertools.pairwise(duty) if b["util"] != a["util"]]
         between = [b - a for a, b in itertools.pairwise(change_times)]
         truth = DUTY_BUSY_MS / DUTY_PERIOD_MS
@@ -467,7 +466,7 @@ def report(out: Path) -> str:
                   f"one CTA is busy {DUTY_BUSY_MS} ms of every {DUTY_PERIOD_MS} ms (true "
                   f"mean {100 * truth:.0f} %, busy measured "
                   f"{loads.get('duty', {}).get('busy_ms', math.nan):.0f} ms a period):",
-                  f"- the value changed {len(changes)} times; time between changes median "
+                  f"- the value changed {len(change_times)} times; time between changes median "
                   f"{1000 * _median(between):.0f} ms (p10 {1000 * _pct(between, 0.1):.0f}, "
                   f"p90 {1000 * _pct(between, 0.9):.0f});",
                   f"- readings: {100 * sum(u == 0 for u in utils) / len(utils):.0f} % at 0, "
@@ -499,8 +498,6 @@ def report(out: Path) -> str:
             f"{_reasons([int(x) for x in got['reasons']])} | {implied} |")
     law = [points[p] for p in points if p == "gemm" or re.fullmatch(r"gemm-\d+w", p)]
     if len({c for _, c in law}) >= 2 and max_clock:
-        from vigil_gpu_monitor.simulator.physics import IDLE_WATTS
-
         xs = [math.log(c) for _, c in law]
         ys = [math.log(p - IDLE_WATTS) for p, _ in law]
         mx, my = statistics.fmean(xs), statistics.fmean(ys)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import statistics
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -79,8 +80,7 @@ def test_a_training_step_under_its_limit_is_capped_with_0x4_as_the_simulators_la
     implied = {}
     for phase, limit in (("train", 700.0), ("train-500w", 500.0)):
         power, clock = got[phase]["power"], got[phase]["sm_clock"]
-        median_power = sorted(power)[len(power) // 2]
-        median_clock = sorted(clock)[len(clock) // 2]
+        median_power, median_clock = statistics.median(power), statistics.median(clock)
         assert median_power == pytest.approx(limit, rel=0.03)  # at its limit
         assert median_clock < 0.9 * MAX_CLOCK
         assert all(int(code) & 0x4 for code in got[phase]["reasons"])  # SW power cap
@@ -96,8 +96,7 @@ def test_heavier_work_draws_more_and_runs_a_lower_clock_at_the_same_limit() -> N
     got = _bench().gauge_readings(_records(1))
 
     def median(phase: str, name: str) -> float:
-        values = sorted(got[phase][name])
-        return values[len(values) // 2]
+        return float(statistics.median(got[phase][name]))
     # zeros toggle fewer bits: less draw, higher clock; random data holds the limit lower
     assert median("gemm-zeros", "power") < median("gemm", "power")
     assert median("gemm-zeros", "sm_clock") > median("gemm", "sm_clock")
