@@ -192,6 +192,7 @@ LOAD_FLOOR = 0.05
 CLOCK_FLOOR = 0.02
 IDLE_FLOOR = 0.025
 POWER_FLOOR = 0.01  # a node's power this share below its peers': noise (power is averaged)
+BUDGET_FLOOR = 0.02  # power this share below its peers' or nearer: on the same power budget
 STATS = ("slowness", "load", "clock", "idle")
 SLOW_STATS = frozenset({"slowness", "clock"})  # either passing: a slower GPU or node
 SPEC = MetricSpec(STATS, np.array([SLOWNESS_FLOOR, LOAD_FLOOR, CLOCK_FLOOR, IDLE_FLOOR]),
@@ -480,6 +481,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     load varies are two different GPUs, and their ratio would describe neither.
     Busy time per byte moved is taken the same way, for ``_memory_explains``."""
     busy, clock, work, util = latest[_B], latest[_CLOCK], _work(latest, basis), latest[_UTIL]
+    gpu_power = node_power = nanmedian(latest[_POWER], axis=1)
     # memory work (bytes moved per second) as a second reading of work, where the
     # basis is another counter
     memory = (_work(latest, "dram_active") if basis not in (None, "dram_active")
@@ -513,8 +515,8 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     _ratio(memory[at], node_memory[node_idx]), extra_processes,
                     # one GPU's gpu_util is too coarse to compare (see the docstring)
                     util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault,
-                    even_load=even_load)
-    node_power = nanmedian(latest[_POWER], axis=1)
+                    even_load=even_load,
+                    on_budget=_on_budget(latest[_POWER][at], gpu_power[node_idx]))
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
                      node_memory, node_util, node_power)]
@@ -529,8 +531,16 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                      _memory_explains(node_slowness, _minus(node_per_memory_work, job[4])),
                      _ratio(node_memory, job[5]), np.full(n, np.nan),
                      util=(node_util, np.full(n, job[6])), clock_fault=node_fault,
-                     power=(node_power, np.full(n, job[7])))
+                     power=(node_power, np.full(n, job[7])),
+                     on_budget=_on_budget(node_power, np.full(n, job[7])))
     return gpu, node
+
+
+def _on_budget(power: Array, peer_power: Array) -> NDArray[np.bool_]:
+    """Where a stream draws as much power as its peers' median, or more, within
+    ``BUDGET_FLOOR`` (no power reading: False)."""
+    with np.errstate(invalid="ignore"):
+        return np.asarray(power >= peer_power * (1.0 - BUDGET_FLOOR), dtype=bool)
 
 
 def _ratio(values: Array, reference: Array | float) -> Array:
@@ -563,7 +573,8 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
               extra_processes: Array, util: tuple[Array, Array],
               clock_fault: NDArray[np.bool_] | None = None,
               power: tuple[Array, Array] | None = None,
-              even_load: float = math.inf) -> _Readings:
+              even_load: float = math.inf,
+              on_budget: NDArray[np.bool_] | None = None) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
@@ -572,7 +583,8 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     ``gpu_util`` and their peers'; ``clock_fault``: where the clock-event reasons
     name a fault; ``power``: the streams' power and their peers', where compared;
     ``even_load``: a work deficit beyond this, at any busy time, is slowness's
-    evidence as much as a busy excess is: ``_even_load``).
+    evidence as much as a busy excess is: ``_even_load``; ``on_budget``: where the
+    stream draws as much power as its peers, ``_on_budget``).
 
     Under the board's power limit the driver trades clock for power, so a stream
     doing more work than its peers runs a lower clock without any fault. Unless
@@ -582,6 +594,20 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     taken out of the slowness (busy time per unit of work rises as the clock falls)
     and excused from the clock statistic. A clock far below what its extra work
     could cost still counts.
+
+    A stream that draws as much power as its peers (``on_budget``) while its clock
+    is lower is spending the same power budget on fewer cycles: a leaky part, or one
+    that waits less at the barrier and so computes through more of each step. Under
+    a shared power cap its clock is what that budget buys, whatever its work, so its
+    clock deficit, up to ``GPU_OFFSET_CAP`` (the most the test lets a healthy part
+    differ from its peers), is excused the same way and its slowness counts in busy
+    cycles per unit of work. A throttle the clock-event reasons do not name lowers
+    the power with the clock (a 8 % lower clock draws ~9 % less than peers that wait
+    for it), and a stall still reads in cycles. Without it, the feedback between
+    clock and duty cycle made stragglers of healthy parts: when another node began
+    to hold the job back, a leaky GPU's peers waited more and the cap let their
+    clocks rise 10 %, its own 3 %, and its busy time per unit of work rose 6 %
+    (envelope seeds 214 and 216, with the H200's clock wander).
 
     For the clock statistic that part is an excuse for this bin (``excuse``), taken
     from the test's departure, not from the reading the stream learns its normal
@@ -617,6 +643,9 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # the clock the power cap takes for more work: at most the work excess (power
         # grows no faster than the work rate, the clock at least linearly in power)
         capped = np.where(~fault & (y > 0), np.fmin(np.fmax(lower_clock, 0.0), y), 0.0)
+        if on_budget is not None:  # ... or a power budget spent on fewer cycles
+            capped = np.where(~fault & on_budget, np.fmax(capped, np.fmin(
+                np.fmax(lower_clock, 0.0), GPU_OFFSET_CAP)), capped)
         capped = np.nan_to_num(capped, nan=0.0)
         # a clock above its peers' (log units, <= 0; no clock reading: 0)
         surplus = np.fmin(lower_clock, 0.0)

@@ -38,13 +38,14 @@ from typing import Any
 
 from vigil_gpu_monitor.contracts import SAMPLE_SCHEMA
 from vigil_gpu_monitor.contracts.messages import Sample
-from vigil_gpu_monitor.simulator.envelope import Envelope, capped_clock
+from vigil_gpu_monitor.simulator.envelope import CLOCK_WANDER_SECONDS, Envelope, capped_clock
 from vigil_gpu_monitor.simulator.physics import (
     COMMUNICATING_WATTS,
     IDLE_WATTS,
     NOMINAL_MEM_CLOCK,
     NOMINAL_SM_CLOCK,
     OCCUPANCY_PER_SPINNING_CTA,
+    SM_CLOCK_STEP,
     SM_COUNT,
     SM_WHILE_WAITING,
     WAITING_WATTS,
@@ -268,6 +269,7 @@ class _GpuState:
     heat: float = 0.0  # thermal creep's progress, 0..1
     watts_scale: float = 1.0  # computing draw against the nominal (envelope)
     nominal_clock: float = 1.0  # the clock it would hold healthy (under the power cap)
+    read_clock: float | None = None  # the capped clock at the read instant (envelope)
     link_compute: float = 0.0  # NVLink bytes while computing, as a share of NVLINK_PEAK
     origin: float | None = None  # its own step origin (async replicas), else the job's
 
@@ -299,6 +301,10 @@ class Simulator:
         self._last: dict[tuple[str, str], dict[str, float]] = {}  # for stale fields
         self._load: dict[tuple[str, str], tuple[float, float]] = {}  # replica → (level, burst)
         self._settled: dict[tuple[str, str], float] = {}  # GPU → the clock its cap last held
+        # a capped clock's wander (envelope), from a generator of its own: adding it
+        # left every other draw of every scenario as it was
+        self._wander: dict[tuple[str, str, str], float] = {}
+        self._wander_rng = random.Random(f"{seed}-clock-wander")
         # job → [(true time, actual step / healthy step)], one per tick: the ground
         # truth of what the job's faults cost (inf while it hangs)
         self.truth: dict[str, list[tuple[float, float]]] = {}
@@ -619,10 +625,33 @@ class Simulator:
             self._settled[key] = clock
             st.nominal_clock = clock if sp.clock >= 1.0 else capped_clock(
                 draw, env.power_limit, 1.0)
+            wander = self._clock_wander((job.name, *key), env.clock_jitter)
             if clock < sp.clock - 1e-6:
                 st.throttle |= THROTTLE_SW_POWER_CAP
+                # the clock wanders at constant power: the tick's mean moves by less
+                # than the read instant's once the tick spans several time constants
+                st.read_clock = min(sp.clock, clock * (1.0 + wander))
+                moved = min(sp.clock, clock * (1.0 + wander * min(
+                    1.0, math.sqrt(2.0 * CLOCK_WANDER_SECONDS / self.tick))))
+                st.nominal_clock = min(1.0, st.nominal_clock * moved / clock)
+                st.watts_scale *= (clock / moved) ** 2
+                clock = moved
                 speeds[key] = st.speed = Speed(clock, sp.mem_clock, sp.stall, sp.intensity,
                                                sp.memory_bound)
+
+    def _clock_wander(self, key: tuple[str, str, str], sigma: float) -> float:
+        """A GPU's capped clock over its cap's settled value, less 1: an
+        Ornstein-Uhlenbeck wander of σ ``sigma`` and time constant
+        ``CLOCK_WANDER_SECONDS``, stepped once a tick whether the cap binds or not."""
+        rng = self._wander_rng
+        level = self._wander.get(key)
+        if level is None:
+            level = rng.gauss(0.0, sigma)
+        else:
+            keep = math.exp(-self.tick / CLOCK_WANDER_SECONDS)
+            level = keep * level + sigma * math.sqrt(1.0 - keep * keep) * rng.gauss(0.0, 1.0)
+        self._wander[key] = level
+        return level
 
     def _silicon(self, job: JobSpec, key: tuple[str, str]) -> float:
         """A GPU's static time per unit of work (silicon, cooling): 1 ± the job's
@@ -776,6 +805,8 @@ class Simulator:
             last = (phase_shares(st.phases, end - env.util_period, end, origin)
                     if period > 0 and not hung else (0.0, 0.0, 1.0, 0.0))
             reading["gpu_util"] = math.floor(100.0 * (1.0 - last[0]) + 1e-9) / 100.0
+        clock = st.read_clock if st.read_clock is not None else st.speed.clock
+        reading["sm_clock"] = SM_CLOCK_STEP * round(NOMINAL_SM_CLOCK * clock / SM_CLOCK_STEP)
         reading["temperature"] += self._draw(
             (job.name, *key, "slot"), lambda: self._env.gauss(0.0, env.temp_sigma))
         before = self._last.get(key)

@@ -39,6 +39,15 @@ its source:
 - ``stale_rate`` 0–10 %: a DCGM profiling field repeated unchanged for a tick (its
   watch had no new value when it was read).
 - ``nics`` 4 or 8 InfiniBand ports per node.
+- ``clock_jitter`` 0.5–3 % (per job): σ of a power-capped GPU's clock over its cap's
+  settled value, a wander with a time constant of ``CLOCK_WANDER_SECONDS``. The
+  driver holds the draw, not the clock: as the step's mix, the temperature and the
+  leakage move, the clock moves at constant power. Measured on an H200
+  (``bench/real_gpu_envelope.py``, read once a second): a transformer's training at
+  700 W moved its clock by 2.7 % (σ over the mean) while its draw moved 0.5 %, with a
+  lag-1 autocorrelation of 0.83 and 0.55 at 3 s; at 500 W 1.4 %; products on random
+  data 0.8-1.2 % at 500-700 W. An uncapped clock read the same value every time. Every
+  reading is a multiple of 15 MHz.
 - ``host_gap`` 0–8 %: the share of each step in which a healthy GPU runs no kernel
   (the host launching the step, the data loader handing over the batch). A healthy
   job's ``gpu_util`` is below 100 % by this much, and under a last-period reading its
@@ -69,9 +78,11 @@ RANGES: dict[str, tuple[float, float]] = {
     "stale_rate": (0.0, 0.1),
     "nics": (4.0, 8.0),
     "host_gap": (0.0, 0.08),
+    "clock_jitter": (0.005, 0.03),  # last: adding it left every other draw as it was
 }
 PARAMETERS = tuple(RANGES)
 TICKS = (1.0, 2.0, 5.0, 10.0, 15.0, 30.0)  # agent intervals seen in practice
+CLOCK_WANDER_SECONDS = 5.0  # time constant of a capped clock's wander (the H200's ticks)
 NVLS_SHARE = 0.2  # share of jobs whose collectives run on NVLS/SHARP with few channels
 
 
@@ -96,6 +107,7 @@ class Envelope:
     stale_rate: float = 0.02
     nics: int = 8
     host_gap: float = 0.03
+    clock_jitter: float = 0.015
 
     @property
     def waiting_sm(self) -> float:

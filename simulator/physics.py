@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 SM_COUNT = 132
 NOMINAL_SM_CLOCK = 1980.0
+SM_CLOCK_STEP = 15.0  # MHz: every SM clock an H100/H200 reports is a multiple of it
 NOMINAL_MEM_CLOCK = 2619.0
 TENSOR_WHILE_COMPUTING = 0.45  # share of cycles the tensor pipes work, nominal GPU
 DRAM_WHILE_COMPUTING = 0.50  # share of memory cycles moving data while computing
