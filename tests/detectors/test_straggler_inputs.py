@@ -12,12 +12,14 @@ import pytest
 
 from vigil_gpu_monitor.detectors.straggler import (
     BASIS_WAIT_BINS,
+    GPU_OFFSET_CAP,
     GPU_READS,
     STATS,
     _comparable,
     _even_load,
     _levels,
     _memory_explains,
+    _on_budget,
     _readings,
     _work_basis,
 )
@@ -105,6 +107,37 @@ def test_busy_time_explained_by_memory_work_is_no_evidence_and_a_stall_is() -> N
     # busy excess bounds it); elsewhere the tensor work (level here)
     load = r.stats[1]
     assert load[0] == pytest.approx(np.log(0.9 / 0.72)) and load[1:3].tolist() == [0.0, 0.0]
+
+
+def test_a_lower_clock_at_its_peers_power_is_the_budgets_and_at_lower_power_a_throttle(
+        ) -> None:
+    """Four GPUs 10 % busier than their peers at the same work rate, each with its
+    clock 8.5 % under theirs. At its peers' power (within 2 %) the clock is what a
+    shared power cap buys a leaky part that waits less at the barrier: its deficit
+    is excused and its slowness is read in busy cycles (0 here). Drawing 9 % less,
+    the same clock is a throttle the reasons do not name: it counts. A deficit
+    beyond the offset cap at the same power counts beyond the cap; one whose
+    reasons name a fault is never excused."""
+    busy, peers = np.full(4, 0.84), np.full(4, 0.764)
+    ones = np.ones(4)
+    peer_clock = np.full(4, 1612.0)
+    clock = np.array([1480.0, 1480.0, 1300.0, 1480.0])
+    power, peer_power = np.array([515.0, 468.0, 515.0, 515.0]), np.full(4, 514.0)
+    budget = _on_budget(power, peer_power)
+    assert budget.tolist() == [True, False, True, True]
+    assert not _on_budget(np.array([np.nan]), np.array([514.0])).any()
+    r = _readings(["leaky", "throttled", "far", "flagged"], busy, peers, ones, ones, clock,
+                  peer_clock, np.log(busy / peers), "tensor_active", np.ones(4, dtype=bool),
+                  0.05, np.zeros(4, dtype=bool), ones, np.full(4, np.nan),
+                  util=(ones, ones), clock_fault=np.array([False, False, False, True]),
+                  on_budget=budget)
+    slowness, excuse = r.stats[STATS.index("slowness")], r.excuse[STATS.index("clock")]
+    deficit = np.log(peer_clock / clock)
+    assert excuse[0] == pytest.approx(deficit[0]) and slowness[0] == pytest.approx(
+        np.log(0.84 / 0.764) - deficit[0])
+    assert excuse[1] == 0.0 and excuse[3] == 0.0
+    assert slowness[1] == pytest.approx(np.log(0.84 / 0.764))
+    assert excuse[2] == pytest.approx(GPU_OFFSET_CAP)  # the rest of 21 % counts
 
 
 def test_idle_time_is_read_for_nodes_against_the_job_never_for_one_gpu() -> None:

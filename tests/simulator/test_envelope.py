@@ -110,6 +110,30 @@ def test_a_gpu_at_a_lower_limit_is_capped_below_nominal_and_faults_keep_their_bi
     assert all(int(r["throttle"]) & 0x40 for r in _gpu(samples, "b", "5", 25))
 
 
+def test_a_capped_clock_wanders_at_constant_power_in_15_mhz_steps() -> None:
+    """As the H200 did at its limit (bench/real_gpu_envelope.py): read once a second,
+    the capped clock moves by the envelope's σ with a lag-1 autocorrelation near
+    exp(-1 s / 5 s); read every 30 s, the readings are nearly independent. Its draw
+    does not rise with it (a clock that set the draw would move it as its square),
+    and every reading is a multiple of 15 MHz."""
+    for jitter, tick, seconds in ((0.025, 1.0, 600.0), (0.0, 1.0, 600.0), (0.025, 30.0, 3000.0)):
+        job = JobSpec("w", ["a", "b"], envelope=replace(ENV, clock_jitter=jitter))
+        samples, _ = _run(job, seconds=seconds, tick=tick)
+        readings = _gpu(samples, "a", "3", 30)
+        clocks = [r["sm_clock"] for r in readings]
+        assert all(int(r["throttle"]) == 0x4 for r in readings)
+        assert all(r["sm_clock"] % 15 == 0 for s in samples for r in s["gpus"].values())
+        if jitter:
+            spread = statistics.pstdev(clocks) / statistics.fmean(clocks)
+            assert spread == pytest.approx(jitter, rel=0.35)
+            lag1 = statistics.correlation(clocks[:-1], clocks[1:])
+            assert (lag1 == pytest.approx(math.exp(-1 / 5), abs=0.1) if tick == 1.0
+                    else abs(lag1) < 0.35)
+            assert statistics.correlation(clocks, [r["power"] for r in readings]) < 0.1
+        else:
+            assert statistics.pstdev(clocks) / statistics.fmean(clocks) < 0.005
+
+
 def test_a_power_brake_clocks_down_every_gpu_of_its_node_with_0x80() -> None:
     job = JobSpec("b", ["a", "b", "c"], envelope=ENV)
     fault = Fault("power_brake", "b", "b", None, T0 + 10, severity=1.5)
