@@ -48,6 +48,13 @@ the peers' median:
   ``s`` is taken in busy cycles per unit of work (the surplus added back), which no
   clock moves. (A colder expert's clock rises too, on a short step held on its mean
   power; it is not busier than its peers, so its slowness counts for nothing.)
+- a *clock deficit at its peers' power* is the power budget's: under a shared cap a
+  leaky part, or one that waits less at the barrier, buys fewer cycles with the same
+  watts, and the deficit grows when the job's duty cycle moves (its peers wait more
+  and their clocks rise). Where a GPU or node draws as much as its peers, its
+  deficit (up to the 10 % a healthy part may differ) is excused and its slowness
+  read in busy cycles, as for a surplus. A throttle the reasons do not name lowers
+  the power with the clock, and still counts.
 
 **Why this holds under real counters.** A reading is the average over the agent's
 window of a GPU that switches, within each step, between computing, waiting in a
