@@ -642,11 +642,15 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # busier beyond what a window's phase makes: a GPU as busy as its peers
         # (+0.2 %) that does less work is a cold expert, not holding anyone back
         busier = x > SLOWNESS_FLOOR
+        fault = np.zeros(x.shape, dtype=bool) if clock_fault is None else clock_fault
+        # on a shared power budget the clock is the budget's: work is read in cycles
+        # (a window inside the computing phase reads a faster clock as more work)
+        cycles = (y if on_budget is None else
+                  np.where(~fault & on_budget & np.isfinite(lower_clock), y + lower_clock, y))
         # ... or, where the job's work is shared evenly, doing clearly less work than
         # its peers at the same busy time: no colder expert explains that (a GPU less
         # busy than its peers is in another part of the step, or waits)
-        behind = (y < -even_load) & (x > -SLOWNESS_FLOOR)
-        fault = np.zeros(x.shape, dtype=bool) if clock_fault is None else clock_fault
+        behind = (cycles < -even_load) & (x > -SLOWNESS_FLOOR)
         # the clock the power cap takes for more work: at most the work excess (power
         # grows no faster than the work rate, the clock at least linearly in power)
         capped = np.where(~fault & (y > 0), np.fmin(np.fmax(lower_clock, 0.0), y), 0.0)
@@ -665,7 +669,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # its work rate (tensor share x clock) rises and would hide part of the
         # stall. There slowness is busy cycles per unit of work, which the clock
         # cannot move (below its peers' clock it is busy time per unit, as above)
-        slowness, load = per_work - capped - surplus, np.fmin(x, y)
+        slowness, load = per_work - capped - surplus, np.fmin(x, cycles)
         compared &= (peer_work > 0) & (work > 0)
     stats = np.stack([slowness, load, lower_clock, idle])
     valid = compared[None, :] & np.isfinite(stats)  # a zero reading: no ratio to take
