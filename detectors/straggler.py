@@ -54,7 +54,11 @@ the peers' median:
   and their clocks rise). Where a GPU or node draws as much as its peers, its
   deficit (up to the 10 % a healthy part may differ) is excused and its slowness
   read in busy cycles, as for a surplus. A throttle the reasons do not name lowers
-  the power with the clock, and still counts.
+  the power with the clock, and still counts. There the load ``ℓ`` and the
+  even-load gate read work in cycles too (``y`` plus the clock deficit: the tensor
+  share): a window inside the computing phase reads a GPU whose clock wandered up
+  (a real capped clock moves 1-3 % from second to second) as doing more work, and
+  that noise, learned as load noise, hid small stalls in even jobs.
 
 **Why this holds under real counters.** A reading is the average over the agent's
 window of a GPU that switches, within each step, between computing, waiting in a
