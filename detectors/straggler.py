@@ -613,7 +613,7 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     clock deficit, up to ``GPU_OFFSET_CAP`` (the most the test lets a healthy part
     differ from its peers), is excused the same way and its slowness counts in busy
     cycles per unit of work. A throttle the clock-event reasons do not name lowers
-    the power with the clock (a 8 % lower clock draws ~9 % less than peers that wait
+    the power with the clock (an 8 % lower clock draws ~9 % less than peers that wait
     for it), and a stall still reads in cycles. Without it, the feedback between
     clock and duty cycle made stragglers of healthy parts: when another node began
     to hold the job back, a leaky GPU's peers waited more and the cap let their

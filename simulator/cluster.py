@@ -805,6 +805,8 @@ class Simulator:
             last = (phase_shares(st.phases, end - env.util_period, end, origin)
                     if period > 0 and not hung else (0.0, 0.0, 1.0, 0.0))
             reading["gpu_util"] = math.floor(100.0 * (1.0 - last[0]) + 1e-9) / 100.0
+        # the clock as NVML reports it: an instant, in 15 MHz steps (this replaces the
+        # older suites' ±5 MHz noise, whose draw is kept so every other draw stays put)
         clock = st.read_clock if st.read_clock is not None else st.speed.clock
         reading["sm_clock"] = SM_CLOCK_STEP * round(NOMINAL_SM_CLOCK * clock / SM_CLOCK_STEP)
         reading["temperature"] += self._draw(
