@@ -76,6 +76,7 @@ GPU_READS = ("tensor_active", "sm_active")  # duty-cycle counters, best first
 NIC_READS: tuple[str, ...] = ()
 COSTED_KINDS = frozenset({"straggler", "link_health", "network_bound", "hang"})
 MIN_LEVEL = 0.02  # a duty cycle below this reads as idle: no basis for a ratio
+DUTY_WAIT_BINS = 8  # bins (40 s: a 30 s step and more) tensor work has to show up in
 PHASE_FLOOR = 0.4  # a bin below this share of the baseline is a pause, not a slowdown
 RECENT_BINS = 3  # the blamed basis: how many post-onset bins its level is the median of
 ESTIMATE_BINS = 24  # the baseline basis: the newest post-onset bins it reads (2 min)
@@ -110,6 +111,35 @@ def duty_metric(series: Callable[[str], Array]) -> str:
         if np.any(~np.isnan(values)) and float(nanmedian(values.ravel(), axis=0)) >= MIN_LEVEL:
             return metric
     return GPU_READS[-1]
+
+
+def job_duty_metric(series: Callable[[str], Array], memory: dict[str, Any]) -> str | None:
+    """The job's duty-cycle counter, chosen once and kept in ``memory["metric"]``
+    (levels learned on one counter are not read on another): the best one read at a
+    usable level in the newest bin. A lesser one only once the better has had
+    ``DUTY_WAIT_BINS`` bins to show, unless the job has no reading of it at all (an
+    exporter without the field): a job first read in its warm-up reads little tensor
+    work, and a choice made there held for good (fleet soak: tensor activity 0.018
+    in a 10 s-step MoE job's first bin, with a capped clock that wandered 2 % higher
+    than without the wander, made SM activity its counter, whose beat with the step
+    raised two false slowdowns in the hour). None while waiting."""
+    chosen = memory.get("metric")
+    if chosen is not None:
+        return str(chosen)
+    memory["metric_bins"] = seen = int(memory.get("metric_bins", 0)) + 1
+    for metric in GPU_READS:
+        values = series(metric)
+        if np.isnan(values).all():
+            continue  # no such field: the next one at once
+        if float(nanmedian(values.ravel(), axis=0)) >= MIN_LEVEL:
+            memory["metric"] = metric
+            return metric
+        if seen < DUTY_WAIT_BINS:
+            return None  # a better counter still has time to show work
+    if seen >= DUTY_WAIT_BINS:
+        memory["metric"] = GPU_READS[-1]
+        return GPU_READS[-1]
+    return None
 
 
 def excess_slowdown(busy: float, peer_busy: float) -> float:
@@ -156,6 +186,9 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
         if f.kind == "hang":
             f.evidence.update(cost_fields(job_gpus, None, "hang"))
             continue
+        if metric is None:  # the job's first bins: no level to cost against yet
+            f.evidence.update(cost_fields(job_gpus, None, "baseline"))
+            continue
         entry = entries.get(f.key)
         if entry is None or (entry["basis"] == "baseline" and "nodes" not in entry):
             # (the second: a checkpoint of a version that kept the job's level only)
@@ -175,12 +208,13 @@ def annotate(view: WindowView, findings: list[Finding], memory: dict[str, Any],
         del entries[key]
 
 
-def _record_level(view: WindowView, memory: dict[str, Any]) -> str:
+def _record_level(view: WindowView, memory: dict[str, Any]) -> str | None:
     """Append the newest bin's median duty cycle of each node's GPUs to the job's
-    history (``memory["history"]``, bounded); returns the duty metric."""
-    metric = memory.get("metric")
+    history (``memory["history"]``, bounded); returns the duty metric (None while
+    the job's is not chosen yet, ``job_duty_metric``: nothing recorded)."""
+    metric = job_duty_metric(view.gpu, memory)
     if metric is None:
-        metric = memory["metric"] = duty_metric(view.gpu)
+        return None
     history: list[list[Any]] = memory.setdefault("history", [])
     newest = view.bins[-1]
     if not history or history[-1][0] < newest:

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from vigil_gpu_monitor.detectors.cost import PHASE_FLOOR, cost_fields, duty_metric
+from vigil_gpu_monitor.detectors.cost import PHASE_FLOOR, cost_fields, job_duty_metric
 from vigil_gpu_monitor.detectors.findings import Finding, fmt
 from vigil_gpu_monitor.detectors.robust import nanmedian, quantile
 from vigil_gpu_monitor.detectors.window import WindowView
@@ -87,8 +87,9 @@ def find_slowdown(view: WindowView, others: list[Finding],
     baseline of an open run and its length (persisted with the engine)."""
     if not view.gpus:
         return []
-    metric = memory.get("metric") or duty_metric(view.gpu)
-    memory["metric"] = metric
+    metric = job_duty_metric(view.gpu, memory)
+    if metric is None:  # the job's first bins: its counter is not chosen yet
+        return []
     per_node = nanmedian(view.per_node(metric, last=1), axis=1)  # nodes × 1
     level = float(nanmedian(per_node[:, 0], axis=0)) if not np.isnan(per_node).all() else None
     history_now: list[float] = memory.get("history", [])

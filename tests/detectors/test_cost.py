@@ -12,11 +12,13 @@ from vigil_gpu_monitor.contracts.codec import validate_detection
 from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.contracts.errors import ContractError
 from vigil_gpu_monitor.detectors.cost import (
+    DUTY_WAIT_BINS,
     ESTIMATE_BINS,
     MAX_BASE_NODES,
     _baseline,
     _from_baseline,
     inflation_series,
+    job_duty_metric,
 )
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
 from vigil_gpu_monitor.detectors.findings import Finding
@@ -155,3 +157,24 @@ def test_no_healthy_bins_before_the_onset_falls_back() -> None:
     link = Finding("link_health", "a", None, "warning", (), 1.0, "", since=0.0)
     assert _baseline(gpu, 1, history)["basis"] == "blamed"
     assert _baseline(link, 1, history)["basis"] == "none"
+
+
+def test_the_jobs_duty_counter_is_not_chosen_from_a_warm_up_bin() -> None:
+    """Tensor activity 0.018 in a job's first bin (its warm-up) must not make SM
+    activity its counter for good (fleet soak: two false slowdowns on a 10 s-step
+    MoE job): tensor activity is waited for, and taken once it shows; a job that
+    never shows it falls back after ``DUTY_WAIT_BINS``; an exporter without the
+    field gets the next counter at once."""
+    def series(tensor: float | None) -> Any:
+        readings = {"tensor_active": np.full(4, np.nan if tensor is None else tensor),
+                    "sm_active": np.full(4, 0.4)}
+        return readings.__getitem__
+
+    memory: dict[str, Any] = {}
+    assert job_duty_metric(series(0.018), memory) is None
+    assert job_duty_metric(series(0.45), memory) == "tensor_active"
+    assert job_duty_metric(series(0.001), memory) == "tensor_active"  # kept
+    idle: dict[str, Any] = {}
+    chosen = [job_duty_metric(series(0.0), idle) for _ in range(DUTY_WAIT_BINS)]
+    assert chosen[:-1] == [None] * (DUTY_WAIT_BINS - 1) and chosen[-1] == "sm_active"
+    assert job_duty_metric(series(None), {}) == "sm_active"
