@@ -119,10 +119,11 @@ def job_duty_metric(series: Callable[[str], Array], memory: dict[str, Any]) -> s
     usable level in the newest bin. A lesser one only once the better has had
     ``DUTY_WAIT_BINS`` bins to show, unless the job has no reading of it at all (an
     exporter without the field): a job first read in its warm-up reads little tensor
-    work, and a choice made there held for good (fleet soak: tensor activity 0.018
-    in a 10 s-step MoE job's first bin, with a capped clock that wandered 2 % higher
-    than without the wander, made SM activity its counter, whose beat with the step
-    raised two false slowdowns in the hour). None while waiting."""
+    work, and a choice made there held for good (fleet soak: a 10 s-step MoE job's
+    first bin read tensor activity 0.018 with the capped clock's wander, 0.025
+    without; SM activity, its counter then, beats with the step, and raised two false
+    slowdowns in the hour). The straggler test chooses its work basis the same way
+    (``straggler._work_basis``). None while waiting."""
     chosen = memory.get("metric")
     if chosen is not None:
         return str(chosen)
