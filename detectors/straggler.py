@@ -492,7 +492,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
     load varies are two different GPUs, and their ratio would describe neither.
     Busy time per byte moved is taken the same way, for ``_memory_explains``."""
     busy, clock, work, util = latest[_B], latest[_CLOCK], _work(latest, basis), latest[_UTIL]
-    gpu_power = node_power = nanmedian(latest[_POWER], axis=1)
+    node_power = nanmedian(latest[_POWER], axis=1)
     # memory work (bytes moved per second) as a second reading of work, where the
     # basis is another counter
     memory = (_work(latest, "dram_active") if basis not in (None, "dram_active")
@@ -527,7 +527,7 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     # one GPU's gpu_util is too coarse to compare (see the docstring)
                     util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault,
                     even_load=even_load,
-                    on_budget=_on_budget(latest[_POWER][at], gpu_power[node_idx]))
+                    on_budget=_on_budget(latest[_POWER][at], node_power[node_idx]))
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
                      node_memory, node_util, node_power)]
