@@ -122,14 +122,15 @@ def find_slowdown(view: WindowView, others: list[Finding],
             healthy = None
         else:
             healthy = quantile(history, HEALTHY_QUANTILE)
-    if healthy is not None and _inflated(bins, healthy, STRETCH_FLOOR):
+    margins = _margins(bins, healthy) if healthy is not None else []
+    if _inflated(margins, STRETCH_FLOOR):
         memory.setdefault("stretch_since", view.bins[-1])
     else:
         memory.pop("stretch_since", None)
     explained = any(f.kind in EXPLAINING or (f.kind == "gpu_health" and f.metrics ==
                                               ("throttle",)) for f in others)
     inflation = healthy / now - 1.0 if healthy is not None and now > 0 else 0.0
-    within_noise = healthy is None or not _inflated(bins, healthy)
+    within_noise = healthy is None or not _inflated(margins, MIN_INFLATION)
     if within_noise or explained or int(memory.get("run", 0)) >= MAX_RUN_BINS:
         for key in (*RUN_KEYS, "open"):
             memory.pop(key, None)
@@ -172,7 +173,7 @@ def _open(view: WindowView, memory: dict[str, Any], healthy: float, now: float
 
 def stretched_since(memory: dict[str, Any]) -> int | None:
     """The bin since which the job's steps have been stretched: its level below its
-    healthy level by ``STRETCH_FLOOR`` plus the noise margin of ``_inflated``, as of
+    healthy level by ``STRETCH_FLOOR`` plus the noise margin of ``_margins``, as of
     the last evaluated bin, outside a pause (None: they are not). Too small an
     inflation to be a finding by itself (a 25 % data loader on one node of a job
     whose steps spend a fifth in the collective stretches them by 10 %, inside the
@@ -182,20 +183,27 @@ def stretched_since(memory: dict[str, Any]) -> int | None:
     return int(since) if since is not None else None
 
 
-def _inflated(bins: list[float], healthy: float, floor: float = MIN_INFLATION) -> bool:
-    """Whether the job's level, as the mean of its last ``RECENT_BINS`` or of its last
-    ``SHORT_BINS``, sits below ``healthy`` by more than ``floor`` plus
-    ``NOISE_Z`` of that mean's own noise. The minute's mean is the one a long step
-    needs (its bins beat with the step); where a job's bins are steady (steps short
-    against a bin), the shorter mean clears its noise as well, and a data loader that
-    stretched every step is seen in seconds, not after a minute's mean has turned."""
+def _margins(bins: list[float], healthy: float) -> list[tuple[float, float]]:
+    """The job's inflation against ``healthy`` as the mean of its last ``SHORT_BINS``
+    and of its last ``RECENT_BINS``, each with ``NOISE_Z`` of that mean's own noise
+    (``_spread``). The minute's mean is the one a long step needs (its bins beat with
+    the step); where a job's bins are steady (steps short against a bin), the shorter
+    mean clears its noise as well, and a data loader that stretched every step is
+    seen in seconds, not after a minute's mean has turned."""
     sigma, level = _spread(bins)
+    out = []
     for count in (SHORT_BINS, RECENT_BINS):
         now = statistics.fmean(bins[-count:])
         noise = sigma / math.sqrt(count) / level if level > 0 else 0.0
-        if now > 0 and healthy / now - 1.0 >= floor + NOISE_Z * noise:
-            return True
-    return False
+        if now > 0:
+            out.append((healthy / now - 1.0, NOISE_Z * noise))
+    return out
+
+
+def _inflated(margins: list[tuple[float, float]], floor: float) -> bool:
+    """Whether either mean of ``_margins`` sits below the healthy level by more than
+    ``floor`` plus its noise margin."""
+    return any(inflation >= floor + noise for inflation, noise in margins)
 
 
 def _spread(bins: list[float]) -> tuple[float, float]:
