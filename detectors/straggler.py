@@ -146,11 +146,10 @@ work). Power alone left every host-bound node of the envelope's fresh seeds
 collective on one SM per channel does, so the deficit sat within a noise unit.
 Only nodes: one GPU's ``gpu_util`` is coarse (NVML samples it over 1/6 s to 1 s;
 the foreign generator's 1 s readings of a healthy GPU jump between 0 and 100 %),
-and tested per GPU it raised a hundred and
-fifty false stragglers on the foreign traces; a node's median GPU, against the
-job's, raised none. A node idle from the job's first bin is learned as its normal
-(node streams have no cap) and is left to the job's ``slowdown``, as is a job of
-fewer than ``MIN_NODE_PEERS`` nodes.
+and tested per GPU it raised a hundred and fifty false stragglers on the foreign
+traces; a node's median GPU, against the job's, raised none. A node idle from the
+job's first bin is learned as its normal (node streams have no cap) and is left to
+the job's ``slowdown``, as is a job of fewer than ``MIN_NODE_PEERS`` nodes.
 
 **Without a work signal** (an exporter without the profiling fields), ``s`` is the
 busy excess alone: such a finding says ``work_basis: none``, and unless its clock is
