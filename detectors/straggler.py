@@ -32,15 +32,7 @@ the peers' median:
   doing clearly less work (``EVEN_LOAD_Z`` load-noise units) has no colder expert to
   explain it and counts too. A stalled GPU in a tensor-parallel group or on a
   pipeline stage reads so: its peers wait inside each layer, so it is barely busier,
-  and under the power cap it draws less and runs a higher clock. Where load is
-  uneven (MoE), such a bin counts too, less what a colder expert could explain: a
-  GPU with less work waits out the time it saves spinning in the collective, one SM
-  per NCCL channel (at most 32 of 132 SMs, a quarter of a computing GPU's
-  occupancy), so its busy time per unit of work rises by at most ``SPIN_BOUND``
-  (0.3) of its work deficit; a stall's rises by all of it, and its peers busy
-  computing can leave it no busier (a stall beside a hot expert: the envelope's
-  small MoE-skew stalls, found within 4 minutes in 13 of 31 seeds' drawn rows
-  where 10 were). (Its
+  and under the power cap it draws less and runs a higher clock. (Its
   normal offset is learned from every bin: learning only from the busier ones would
   bias it by the busy time's own noise.)
 - the *load* ``ℓ = min(x, y)``: busier *and* doing more: workload, reported as
@@ -239,7 +231,6 @@ IDLE = 0.1  # a job whose busiest GPU is below this SM activity is not compared
 TYPICAL_FLOOR = 0.5  # ... nor one whose median GPU fell below this share of its level
 PEAK_FLOOR = 0.6  # ... nor one whose busiest GPU fell below this share of its usual
 SETTLE_BINS = 16  # compared bins before the job counts as settled
-SPIN_BOUND = 0.3  # of a work deficit: the busy time per unit of work a colder expert's spin adds
 EVEN_LOAD_Z = 3.0  # a work deficit this many load-noise units: slower, not colder
 # a host-bound node's power deficit began to rise at most this long before its idle
 # time did (both start with the fault; an older one is the node's own drift)
@@ -714,19 +705,10 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     # 5,168 GPU-hours): the deficit must accumulate, as the idle time does.
     with np.errstate(invalid="ignore"):
         held_back = ~(slowness >= 0)  # NaN (no work reading): not told apart
-    # as busy as its peers while doing less work: a colder expert waits the time it
-    # saves spinning in the collective, at one SM per NCCL channel (at most 32 of
-    # 132: a quarter of its computing occupancy), so its busy time per unit of work
-    # rises by at most SPIN_BOUND of its work deficit; a stalled GPU's by all of
-    # it. Such a bin counts, with that much of its slowness excused
-    with np.errstate(invalid="ignore"):
-        spin_bounded = ~(busier | behind) & (x > -SLOWNESS_FLOOR) & (cycles < 0)
-    gate = np.stack([(busier | behind | spin_bounded) & ~memory_explained, anyway, busier,
-                     held_back])
+    gate = np.stack([(busier | behind) & ~memory_explained, anyway, busier, held_back])
     # the clock statistic goes to the test as read, its excuse beside it (docstring)
     excuse = np.zeros(stats.shape)
     excuse[STATS.index("clock")] = capped
-    excuse[STATS.index("slowness")] = np.where(spin_bounded, -SPIN_BOUND * cycles, 0.0)
     return _Readings(keys, busy, peer_busy, util[0], util[1], work, peer_work, clock, peer_clock,
                      np.where(valid, stats, np.nan), valid, gate, memory_ratio,
                      extra_processes, np.where(compared, quiet, np.nan), excuse)
