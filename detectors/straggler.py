@@ -138,7 +138,10 @@ tick keeps step with the job's gap: so the idle time is a finding only beside a
 power deficit that has passed its own test (``quiet``: the node idles where its
 peers spin, and power is averaged over the sample), or beside the job's own steps
 stretching (``stretched_since``: its duty cycle fell below its healthy level,
-``detectors/slowdown.py``): an aliased read instant moves neither. Either must
+``detectors/slowdown.py``): an aliased read instant moves neither. The stretch
+witnesses nothing while another node or GPU of the job is found slower than its
+peers: a power brake or a slow GPU elsewhere stretches every step too (envelope
+seed 232, a brake on one node and an aliased node named host-bound beside it). Either must
 have begun with the idle time, at most ``CORROBORATION_SECONDS`` before (a deficit
 an hour old is the node's own drift, such as a pipeline stage's share of the
 work). Power alone left every host-bound node of the envelope's fresh seeds
@@ -308,7 +311,8 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     (``detectors/synchrony.py``); where not, only GPUs of one node are compared.
     ``stretched_since``: the bin since which the job's steps have been stretched
     (``slowdown.stretched_since``; None: they are not), which corroborates a
-    node's idle time as a power deficit does.
+    node's idle time as a power deficit does, unless another node or GPU of the
+    job is found slower than its peers in this bin.
 
     ``memory`` holds each stream's sums and offsets, the noise estimates, the job's
     recent level and its work basis; it is updated in place and is part of the
@@ -349,9 +353,12 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     findings = []
     job_gpus = len(view.gpus)
     flagged_nodes = set()
+    slow_at = _slow_nodes(nodes.found) | _slow_nodes(gpus.found)
     for node, found in sorted(nodes.found.items()):
+        # the job's steps stretch for a slow part elsewhere too: no witness then
+        stretch = None if slow_at - {node} else stretched_since
         devs = _corroborated(found, quiet.found.get(node, []),
-                             int(CORROBORATION_SECONDS / view.bin_seconds), stretched_since)
+                             int(CORROBORATION_SECONDS / view.bin_seconds), stretch)
         if not devs:
             continue
         flagged_nodes.add(node)
@@ -361,6 +368,13 @@ def find_stragglers(view: WindowView, p: StragglerParams,
         if node not in flagged_nodes:
             findings.append(_finding(view, gpu_level, node, gpu, devs, basis, job_gpus))
     return findings
+
+
+def _slow_nodes(found: dict[str, list[Departure]]) -> set[str]:
+    """The nodes of the streams (``node`` or ``node/gpu``) found slower than their
+    peers (slowness or clock) this bin."""
+    return {key.split("/", 1)[0] for key, devs in found.items()
+            if any(d.metric in SLOW_STATS for d in devs)}
 
 
 def _corroborated(devs: list[Departure], quiet: list[Departure],

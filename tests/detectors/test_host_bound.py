@@ -17,7 +17,7 @@ from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
 from vigil_gpu_monitor.detectors.peer_streams import Departure
 from vigil_gpu_monitor.detectors.straggler import CORROBORATION_SECONDS, _corroborated
-from vigil_gpu_monitor.simulator.cluster import Cluster, JobSpec, Simulator
+from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 1_000_000.0
 FROM = START + 120.0  # after the job has settled
@@ -89,3 +89,24 @@ def test_steps_that_stretched_with_the_idle_time_corroborate_it_as_power_does() 
     assert _corroborated([idle], [], within, stretched_since=1_003) == [idle]
     assert _corroborated([idle], [], within, stretched_since=1_000 - within) == [idle]
     assert _corroborated([idle], [], within, stretched_since=1_000 - within - 1) == []
+
+
+def test_steps_stretched_by_a_slow_part_elsewhere_corroborate_no_idle_time() -> None:
+    """A GPU 40 % slower on n0 stretches every step of the job. Node n3, its read
+    instant aliased on the job's gap, reads low utilisation from the same moment at
+    its peers' power: the stretch is the slow GPU's, not n3's host's (envelope seed
+    232, a power brake on one node and a host-bound finding on another). The slow GPU
+    is found; n3 is not named."""
+    job = JobSpec("job-h", [f"n{i}" for i in range(6)])
+    cluster = Cluster([job], [Fault("slow_gpu", "job-h", "n0", "2", FROM, severity=1.4)])
+    runner = ReplayRunner(DetectConfig())
+    found = []
+    for s in Simulator(cluster, START, seed=1).samples(900):
+        if s["node"] == "n3" and s["ts"] >= FROM:
+            s = copy.deepcopy(s)
+            for r in s["gpus"].values():
+                r["gpu_util"] = round(r["gpu_util"] * 0.75, 2)
+                r["sm_active"] *= 0.97
+        found += [(d["kind"], d["node"], d["gpu"]) for d in runner.feed(s)
+                  if d["state"] == "firing" and d["kind"] == "straggler"]
+    assert found == [("straggler", "n0", "2")]
