@@ -138,13 +138,13 @@ tick keeps step with the job's gap: so the idle time is a finding only beside a
 power deficit that has passed its own test (``quiet``: the node idles where its
 peers spin, and power is averaged over the sample), or beside the job's own steps
 stretching (``stretched_since``: its duty cycle fell below its healthy level,
-``detectors/slowdown.py``): an aliased read instant moves neither. The stretch
-witnesses nothing while another node or GPU of the job is found slower than its
-peers: a power brake or a slow GPU elsewhere stretches every step too (envelope
-seed 232, a brake on one node and an aliased node named host-bound beside it). Either must
+``detectors/slowdown.py``): an aliased read instant moves neither. Either must
 have begun with the idle time, at most ``CORROBORATION_SECONDS`` before (a deficit
 an hour old is the node's own drift, such as a pipeline stage's share of the
-work). Power alone left every host-bound node of the envelope's fresh seeds
+work). The stretch witnesses nothing while another node or GPU of the job is found
+slower than its peers: a power brake or a slow GPU elsewhere stretches every step
+too (envelope seed 232: a brake on one node, and an aliased node named host-bound
+beside it). Power alone left every host-bound node of the envelope's fresh seeds
 (219-224) unnamed: a GPU idling with no kernel draws about what one spinning a
 collective on one SM per channel does, so the deficit sat within a noise unit.
 Only nodes: one GPU's ``gpu_util`` is coarse (NVML samples it over 1/6 s to 1 s;
