@@ -181,7 +181,7 @@ from vigil_gpu_monitor.detectors.peer_streams import (
     StreamTable,
     advance,
 )
-from vigil_gpu_monitor.detectors.robust import Array, nanmedian
+from vigil_gpu_monitor.detectors.robust import MAD_TO_SIGMA, Array, nanmedian
 from vigil_gpu_monitor.detectors.sequential import Cusum
 from vigil_gpu_monitor.detectors.window import WindowView
 
@@ -551,7 +551,8 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                     # one GPU's gpu_util is too coarse to compare (see the docstring)
                     util=(np.full(len(node_idx), np.nan),) * 2, clock_fault=gpu_fault,
                     even_load=even_load,
-                    on_budget=_on_budget(latest[_POWER][at], node_power[node_idx]))
+                    on_budget=_on_budget(latest[_POWER][at], node_power[node_idx]),
+                    places=at)
     job = [float(nanmedian(a, axis=0)) if not np.isnan(a).all() else math.nan
            for a in (node_busy, node_work, node_clock, node_per_work, node_per_memory_work,
                      node_memory, node_util, node_power)]
@@ -569,6 +570,27 @@ def _levels(view: WindowView, latest: Array, basis: str | None, phase_floor: flo
                      power=(node_power, np.full(n, job[7])),
                      on_budget=_on_budget(node_power, np.full(n, job[7])))
     return gpu, node
+
+
+def _even_in_bin(cycles: Array, places: tuple[NDArray[np.intp], NDArray[np.intp]]) -> Array:
+    """Each GPU's work-deficit bar from this bin alone: ``EVEN_LOAD_Z`` times the
+    robust spread (MAD) of the work, in cycles, of its node's GPUs in this bin
+    (never under ``SLOWNESS_FLOOR``; infinite where none reads). The level's learned
+    load noise is smoothed over a minute, and on long steps (10 s) the bins whose
+    windows straddle the end of the computing phase swell it to 3-5 %: a GPU that
+    finishes a few tenths of a second after its peers reads a fifth more busy time
+    and work there. In the bins inside the phase the node's GPUs agree within 1 %,
+    and a stalled GPU read 6-8 % less work at their busy time (envelope seed 221,
+    tensor parallel), yet the learned bar (9-15 %) never let it count. Where expert
+    load moves, the node's experts spread by 5-10 % in every bin, and this bar
+    stays as high as the learned one. ``places``: each GPU's node and slot."""
+    node_idx, slot_idx = places
+    grid = np.full((int(node_idx.max()) + 1, int(slot_idx.max()) + 1), np.nan)
+    grid[node_idx, slot_idx] = np.where(np.isfinite(cycles), cycles, np.nan)
+    with np.errstate(invalid="ignore"):
+        spread = nanmedian(np.abs(grid - nanmedian(grid, axis=1)[:, None]), axis=1) * MAD_TO_SIGMA
+    bar = np.fmax(SLOWNESS_FLOOR, EVEN_LOAD_Z * spread)
+    return np.where(np.isnan(bar), np.inf, bar)[node_idx]
 
 
 def _on_budget(power: Array, peer_power: Array) -> NDArray[np.bool_]:
@@ -609,7 +631,8 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
               clock_fault: NDArray[np.bool_] | None = None,
               power: tuple[Array, Array] | None = None,
               even_load: float = math.inf,
-              on_budget: NDArray[np.bool_] | None = None) -> _Readings:
+              on_budget: NDArray[np.bool_] | None = None,
+              places: tuple[NDArray[np.intp], NDArray[np.intp]] | None = None) -> _Readings:
     """The slowness and load statistics of streams against their peers' medians
     (``per_work``: the stream's busy time per unit of work over its peers', log;
     ``memory_explained``: where more memory work explains the busy time, so
@@ -678,7 +701,10 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
         # ... or, where the job's work is shared evenly, doing clearly less work than
         # its peers at the same busy time: no colder expert explains that (a GPU less
         # busy than its peers is in another part of the step, or waits)
-        behind = (cycles < -even_load) & (x > -SLOWNESS_FLOOR)
+        # (evenly by the level's learned load noise, or by how its node's GPUs
+        # agree in this very bin: ``_even_in_bin``)
+        bar = even_load if places is None else np.fmin(even_load, _even_in_bin(cycles, places))
+        behind = (cycles < -bar) & (x > -SLOWNESS_FLOOR)
         # the clock the power cap takes for more work: at most the work excess (power
         # grows no faster than the work rate, the clock at least linearly in power)
         capped = np.where(~fault & (y > 0), np.fmin(np.fmax(lower_clock, 0.0), y), 0.0)

@@ -86,6 +86,36 @@ def test_less_work_at_the_same_busy_time_is_evidence_only_where_work_is_even() -
     assert _even_load([0.001, 0.002, 0.0, None]) == pytest.approx(0.025)  # the floor
 
 
+def test_a_node_whose_gpus_agree_in_the_bin_shares_its_work_evenly() -> None:
+    """A 10 s-step tensor-parallel job (envelope seed 221): the level's learned load
+    noise is 4 % (bins straddling the end of the computing phase), so its bar is 12 %
+    and a stalled GPU's 7 % deficit never counted. In a bin inside the phase its
+    node's other GPUs agree within 0.5 %: there the deficit counts. The same deficit
+    beside experts whose work spreads by ±15 % in the bin (MoE) counts for nothing
+    (what the level learned alone decides there), nor does it on a node with no work
+    reading at all."""
+    places = (np.zeros(8, dtype=np.intp), np.arange(8, dtype=np.intp))
+    clock = np.full(8, 1980.0)
+
+    def slowness_gate(work: np.ndarray, with_places: bool) -> list[bool]:
+        busy = np.full(8, 0.9)
+        peer_work = np.full(8, float(np.median(work)))
+        r = _readings([f"n/{i}" for i in range(8)], busy, busy, work, peer_work, clock, clock,
+                      np.log(1 / (work / peer_work)), "tensor_active", np.ones(8, dtype=bool),
+                      0.05, np.zeros(8, dtype=bool), np.ones(8), np.full(8, np.nan),
+                      util=(np.ones(8), np.ones(8)), even_load=_even_load([0.02, 0.04, 0.01, None]),
+                      places=places if with_places else None)
+        return r.gate[0].tolist()
+
+    even = np.array([0.93, 1.0, 1.004, 0.997, 1.002, 0.996, 1.005, 0.999])
+    assert slowness_gate(even, False) == [False] * 8  # the learned bar: 12 %
+    assert slowness_gate(even, True) == [True] + [False] * 7
+    experts = np.array([0.93, 0.8, 1.15, 1.0, 0.85, 1.2, 0.9, 1.1])
+    assert slowness_gate(experts, True) == slowness_gate(experts, False)
+    assert not slowness_gate(experts, True)[0]
+    assert slowness_gate(np.full(8, np.nan), True) == [False] * 8
+
+
 def test_busy_time_explained_by_memory_work_is_no_evidence_and_a_stall_is() -> None:
     """Slowness over tensor work and over memory work (log excess over the peers').
     More memory-bound work: 22 % over tensor work, 13 % *under* it per byte. A 25 %
