@@ -28,9 +28,11 @@ the peers' median:
   its peers, or below them, adds none, whatever its power, DRAM or work readings (a
   cold expert as busy as its peers does less work, and holds nobody back), unless
   the job's GPUs share their work evenly: where the load statistic's learned noise
-  is small (data, tensor, pipeline parallel: 1-2 %), a GPU as busy as its peers
-  doing clearly less work (``EVEN_LOAD_Z`` load-noise units) has no colder expert to
-  explain it and counts too. A stalled GPU in a tensor-parallel group or on a
+  is small (data, tensor, pipeline parallel: 1-2 %), or its node's GPUs agree in
+  the bin itself (``_even_in_bin``: on long steps the learned noise is swollen by
+  the bins that straddle a phase's end), a GPU as busy as its peers doing clearly
+  less work (``EVEN_LOAD_Z`` noise units) has no colder expert to explain it and
+  counts too. A stalled GPU in a tensor-parallel group or on a
   pipeline stage reads so: its peers wait inside each layer, so it is barely busier,
   and under the power cap it draws less and runs a higher clock. (Its
   normal offset is learned from every bin: learning only from the busier ones would
@@ -641,8 +643,10 @@ def _readings(keys: list[str], busy: Array, peer_busy: Array, work: Array, peer_
     ``gpu_util`` and their peers'; ``clock_fault``: where the clock-event reasons
     name a fault; ``power``: the streams' power and their peers', where compared;
     ``even_load``: a work deficit beyond this, at any busy time, is slowness's
-    evidence as much as a busy excess is: ``_even_load``; ``on_budget``: where the
-    stream draws as much power as its peers, ``_on_budget``).
+    evidence as much as a busy excess is: ``_even_load``; ``places``: each GPU's node
+    and slot, where this bin's agreement among a node's GPUs may lower that bar,
+    ``_even_in_bin``; ``on_budget``: where the stream draws as much power as its
+    peers, ``_on_budget``).
 
     Under the board's power limit the driver trades clock for power, so a stream
     doing more work than its peers runs a lower clock without any fault. Unless
