@@ -16,6 +16,7 @@ from vigil_gpu_monitor.detectors.straggler import (
     GPU_READS,
     STATS,
     _comparable,
+    _even_in_bin,
     _even_load,
     _levels,
     _memory_explains,
@@ -114,6 +115,11 @@ def test_a_node_whose_gpus_agree_in_the_bin_shares_its_work_evenly() -> None:
     assert slowness_gate(experts, True) == slowness_gate(experts, False)
     assert not slowness_gate(experts, True)[0]
     assert slowness_gate(np.full(8, np.nan), True) == [False] * 8
+    # three GPUs reading work tell no spread: the learned bar alone decides
+    few = np.array([-0.07, 0.0, 0.001] + [np.nan] * 5)
+    assert np.isinf(_even_in_bin(few, places)).all()
+    assert _even_in_bin(np.log(even / np.median(even)), places) == pytest.approx(
+        np.full(8, 0.025))  # within 1 %: the floor
 
 
 def test_busy_time_explained_by_memory_work_is_no_evidence_and_a_stall_is() -> None:
