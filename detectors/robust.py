@@ -87,6 +87,15 @@ def zero_nan(values: Array) -> Array:
     return np.where(np.isnan(values), 0.0, values)
 
 
+def mad_sigma(values: Array, axis: int, median: Array | None = None) -> Array:
+    """The robust standard deviation along ``axis``: the median absolute deviation
+    from the median (``median``, kept dims, when the caller has it) × ``MAD_TO_SIGMA``;
+    the axis is dropped. All-NaN slices give NaN."""
+    if median is None:
+        median = np.expand_dims(nanmedian(values, axis=axis), axis)
+    return nanmedian(np.abs(values - median), axis=axis) * MAD_TO_SIGMA
+
+
 def robust_z(matrix: Array, abs_floor: float,
              rel_floor: float = 0.02) -> tuple[Array, Array, Array]:
     """Column-wise robust z-scores of a (peers × bins) matrix.
@@ -97,7 +106,7 @@ def robust_z(matrix: Array, abs_floor: float,
     noise-level differences into huge scores. NaN entries stay NaN.
     """
     median = nanmedian(matrix, axis=0)
-    mad = nanmedian(np.abs(matrix - median), axis=0) * MAD_TO_SIGMA
+    mad = mad_sigma(matrix, 0, median)
     scale = np.fmax(mad, np.fmax(abs_floor, rel_floor * np.abs(median)))
     with np.errstate(invalid="ignore", divide="ignore"):
         z = (matrix - median) / scale
@@ -108,7 +117,7 @@ def robust_z_axis(values: Array, axis: int, abs_floor: float | Array,
                   rel_floor: float = 0.02) -> Array:
     """Like ``robust_z`` but over any peer axis (e.g. the GPUs of each node)."""
     median = np.expand_dims(nanmedian(values, axis=axis), axis)
-    mad = np.expand_dims(nanmedian(np.abs(values - median), axis=axis), axis) * MAD_TO_SIGMA
+    mad = np.expand_dims(mad_sigma(values, axis, median), axis)
     scale = np.fmax(mad, np.fmax(abs_floor, rel_floor * np.abs(median)))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.asarray((values - median) / scale, dtype=np.float64)

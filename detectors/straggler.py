@@ -183,7 +183,7 @@ from vigil_gpu_monitor.detectors.peer_streams import (
     StreamTable,
     advance,
 )
-from vigil_gpu_monitor.detectors.robust import MAD_TO_SIGMA, Array, nanmedian
+from vigil_gpu_monitor.detectors.robust import Array, mad_sigma, nanmedian
 from vigil_gpu_monitor.detectors.sequential import Cusum
 from vigil_gpu_monitor.detectors.window import WindowView
 
@@ -593,7 +593,7 @@ def _even_in_bin(cycles: Array, places: tuple[NDArray[np.intp], NDArray[np.intp]
     grid = np.full((int(node_idx.max()) + 1, int(slot_idx.max()) + 1), np.nan)
     grid[node_idx, slot_idx] = np.where(np.isfinite(cycles), cycles, np.nan)
     with np.errstate(invalid="ignore"):
-        spread = nanmedian(np.abs(grid - nanmedian(grid, axis=1)[:, None]), axis=1) * MAD_TO_SIGMA
+        spread = mad_sigma(grid, axis=1)
     bar = np.maximum(SLOWNESS_FLOOR, EVEN_LOAD_Z * spread)
     bar[(~np.isnan(grid)).sum(axis=1) < MIN_GPU_PEERS] = np.inf
     return bar[node_idx]
