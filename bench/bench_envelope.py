@@ -4,6 +4,7 @@ the envelope suite's held-out seeds.
 
     .venv/bin/python bench/bench_envelope.py [--seeds held-out] [--sizes 4] [--jobs 2]
         [--params nccl_channels,util_period] [--classes hang,healthy_moe] [--verbose]
+        [--by-step]
     .venv/bin/python bench/bench_envelope.py --check     # a tiny subset, in seconds
 
 Classes and seeds: ``vigil/evaluation/envelope.py``; the ranges and their sources:
@@ -28,6 +29,7 @@ from vigil_gpu_monitor.vigil.evaluation.envelope import CLASSES, HELD_OUT_SEEDS,
 from vigil_gpu_monitor.vigil.evaluation.scenarios import Scenario
 from vigil_gpu_monitor.vigil.evaluation.sensitivity import (
     Row,
+    by_step_lines,
     markdown,
     rows,
     scenarios,
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="", help="also write the table here")
     parser.add_argument("--verbose", action="store_true",
                         help="print every false alarm and every missed fault")
+    parser.add_argument("--by-step", action="store_true",
+                        help="also each faulty class's faults found per job step length")
     parser.add_argument("--check", action="store_true",
                         help="a tiny subset (one seed, two parameters, three classes) that "
                              "must produce a full table")
@@ -97,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {row[0]}={row[1]} false: {line[:200]}")
                 if r["labels"] and r["found"] < r["labels"]:
                     print(f"  {row[0]}={row[1]} missed: {r['name']}")
+    if args.by_step:
+        print("\nFound per faulty class and job step length (seconds):")
+        for row in plan:
+            print("\n".join(by_step_lines(row, results[row])))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([{"param": p, "end": e, **s} for (p, e), s in table.items()], fh,

@@ -53,7 +53,9 @@ def score(scenario: Scenario) -> dict[str, Any]:
     vigil, _, _ = run_suite([scenario], DetectConfig())
     false = Counter({k: n - vigil.correct[k] for k, n in vigil.fired.items()
                      if n > vigil.correct[k]})
+    job = scenario.cluster.jobs[0]
     return {"name": scenario.name, "class": scenario.name.rsplit("-", 2)[0],
+            "step_seconds": round(job.compute_seconds + job.comm_seconds, 2),
             "healthy": scenario.healthy, "labels": sum(vigil.labels.values()),
             "found": sum(vigil.found.values()),
             "delays": [d for v in vigil.delays.values() for d in v],
@@ -91,6 +93,27 @@ def summarise(results: list[dict[str, Any]],
         "brakes": len(brakes), "brake_detections": sum(r["fired"] for r in brakes),
         "refired": sum(r["refired"] for r in results),
     }
+
+
+def by_step(results: list[dict[str, Any]]) -> dict[str, dict[float, tuple[int, int]]]:
+    """Faults found and faults, per faulty class and the job's healthy step length
+    (seconds): what a row's one figure hides where recall depends on how a step
+    compares with a bin (a host-bound node of a 10 s-step job, say)."""
+    out: dict[str, dict[float, tuple[int, int]]] = {}
+    for r in results:
+        if r["healthy"] or not r["labels"]:
+            continue
+        per = out.setdefault(r["class"], {})
+        found, labels = per.get(r["step_seconds"], (0, 0))
+        per[r["step_seconds"]] = (found + r["found"], labels + r["labels"])
+    return {name: dict(sorted(steps.items())) for name, steps in sorted(out.items())}
+
+
+def by_step_lines(row: Row, results: list[dict[str, Any]]) -> list[str]:
+    """``by_step`` as one line per faulty class: ``step 10 s 0/14``, shortest first."""
+    return [f"  {row[0]}={row[1]} {name} by step: " + ", ".join(
+                f"{step:g} s {found}/{labels}" for step, (found, labels) in steps.items())
+            for name, steps in by_step(results).items()]
 
 
 def _value(row: Row) -> str:
