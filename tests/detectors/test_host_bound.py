@@ -11,21 +11,12 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
 from typing import Any
-
-import numpy as np
 
 from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
 from vigil_gpu_monitor.detectors.peer_streams import Departure
-from vigil_gpu_monitor.detectors.straggler import (
-    CORROBORATION_SECONDS,
-    IDLE_REPEAT_BINS,
-    STATS,
-    _corroborated,
-    _open_gate_where_idle_repeats,
-)
+from vigil_gpu_monitor.detectors.straggler import CORROBORATION_SECONDS, _corroborated
 from vigil_gpu_monitor.simulator.cluster import Cluster, Fault, JobSpec, Simulator
 
 START = 1_000_000.0
@@ -119,69 +110,3 @@ def test_steps_stretched_by_a_slow_part_elsewhere_corroborate_no_idle_time() -> 
         found += [(d["kind"], d["node"], d["gpu"]) for d in runner.feed(s)
                   if d["state"] == "firing" and d["kind"] == "straggler"]
     assert found == [("straggler", "n0", "2")]
-
-
-def test_idle_time_that_repeats_opens_its_gate_and_one_idle_bin_does_not() -> None:
-    """On a step longer than a bin a host-bound node idles in one bin of two or
-    three, with its busy time per unit of work at its peers' there (the gate's
-    other sign falls in another bin): idle time in this bin and in two others of
-    the last ``IDLE_REPEAT_BINS`` opens the gate. A node whose GPUs enter and leave
-    a checkpoint late idles in the bins at its edges, 25 s apart: never three."""
-    idle = STATS.index("idle")
-    recent: dict[str, list[int]] = {}
-
-    def gate(bin_: int, a: float, b: float) -> list[bool]:
-        stats = np.zeros((len(STATS), 2))
-        stats[idle] = (a, b)
-        level = SimpleNamespace(keys=["host", "late"], stats=stats,
-                                gate=np.zeros((len(STATS), 2), dtype=bool))
-        _open_gate_where_idle_repeats(level, recent, bin_)  # type: ignore[arg-type]
-        return [bool(g) for g in level.gate[idle]]
-
-    assert gate(100, 0.5, 0.9) == [False, False]  # the first idle bin of each
-    assert gate(101, 0.0, 0.0) == [False, False]
-    assert gate(102, 0.4, 0.0) == [False, False]  # one other: not yet
-    assert gate(103, float("nan"), float("nan")) == [False, False]  # not compared
-    assert gate(105, 0.5, 0.9) == [True, False]  # "late": its second edge, 25 s on
-    # idle bins further back than ``IDLE_REPEAT_BINS`` are forgotten
-    assert gate(105 + IDLE_REPEAT_BINS, 0.5, 0.9) == [False, False]
-    assert recent == {"host": [105 + IDLE_REPEAT_BINS], "late": [105 + IDLE_REPEAT_BINS]}
-
-
-def test_an_idle_departure_once_witnessed_stays_a_finding_while_it_lasts() -> None:
-    """A stretch measured over a minute of long steps comes and goes with the bins
-    its mean holds: the idle departure it witnessed (the same first bin) holds
-    without it; a new departure needs a witness of its own."""
-    within = int(CORROBORATION_SECONDS / 5)
-    idle = Departure("idle", 4.0, 0.2, 0.0, first=1_000)
-    assert _corroborated([idle], [], within) == []
-    assert _corroborated([idle], [], within, witnessed=1_000) == [idle]
-    assert _corroborated([idle], [], within, witnessed=990) == []
-
-
-def _ten_second_steps(seed: int, onset: float | None) -> list[dict[str, Any]]:
-    """Detections of a 6-node job of 10 s steps (8 s computing, 2 s in the
-    collective) read every second, whose node n2's host holds it back a quarter of
-    its computing time from ``onset`` (None: healthy), 300 s on."""
-    job = JobSpec("job-l", [f"n{i}" for i in range(6)], compute_seconds=8.0,
-                  comm_seconds=2.0)
-    faults = [] if onset is None else [
-        Fault("slow_host", "job-l", "n2", None, START + onset, severity=1.25)]
-    runner = ReplayRunner(DetectConfig())
-    end = (onset or 480.0) + 300.0
-    return [d for s in Simulator(Cluster([job], faults), START, seed=seed).samples(end)
-            for d in runner.feed(s)]
-
-
-def test_a_host_bound_node_of_a_job_of_ten_second_steps_is_named_once() -> None:
-    """Its GPUs idle at the start of each step and its peers spin at the end, in
-    different 5 s bins; the bins its peers wait through read far below the job's
-    level and were taken for a pause, so the stretch was never seen (envelope seeds
-    201-237: every host-bound node of 4-10 s steps missed). It is named within two
-    minutes, pages once and stays open; the same job healthy raises nothing."""
-    found = _ten_second_steps(1, 480.0)
-    assert [(d["state"], d["kind"], d["node"]) for d in found] == [
-        ("firing", "straggler", "n2")]
-    assert found[0]["evidence"]["host_bound"] is True
-    assert found[0]["detected_at"] - (START + 480.0) <= 120
-    assert _ten_second_steps(1, None) == []

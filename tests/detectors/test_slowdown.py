@@ -6,7 +6,6 @@ as a host-bound straggler node."""
 
 from __future__ import annotations
 
-import random
 import statistics
 from typing import Any
 
@@ -14,15 +13,6 @@ import pytest
 
 from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
-from vigil_gpu_monitor.detectors.slowdown import (
-    HISTORY_BINS,
-    RECENT_BINS,
-    SETTLE_EXTRA_BINS,
-    SHORT_BINS,
-    _mean_noise,
-    _spread,
-    _stretched,
-)
 from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 from vigil_gpu_monitor.vigil.evaluation.fleet import fleet_job
 
@@ -114,35 +104,3 @@ def test_the_bins_an_evaluation_began_in_do_not_read_as_a_slowdown_after_it() ->
     fired = [d for s in Simulator(job.cluster, start, seed=100_003).samples(3720)
              for d in runner.feed(s) if d["state"] == "firing" and d["kind"] == "slowdown"]
     assert fired == []
-
-
-def test_a_mean_over_whole_long_steps_is_as_noisy_as_its_means_are() -> None:
-    """A 10 s step read in 5 s bins alternates a computing bin and a collective bin:
-    single bins spread by a third of the level, yet a mean of a minute (six whole
-    steps) never moves, and the spread of adjacent means says so. For independent
-    bins the two estimates agree (the spread over the root of the count)."""
-    beat = [0.45 if i % 2 else 0.2 for i in range(HISTORY_BINS)]
-    sigma, level = _spread(beat)
-    assert sigma / level > 0.3
-    noise = _mean_noise(beat, RECENT_BINS)
-    assert noise is not None and noise < 0.01
-    rng = random.Random(1)
-    white = [0.4 + rng.gauss(0.0, 0.02) for _ in range(HISTORY_BINS)]
-    sigma, level = _spread(white)
-    for count in (SHORT_BINS, RECENT_BINS):
-        measured = _mean_noise(white, count)
-        assert measured is not None
-        assert 0.6 < measured / (sigma / count ** 0.5 / level) < 1.5
-    assert _mean_noise(white[:2 * RECENT_BINS], RECENT_BINS) is None  # too few yet
-
-
-def test_a_stretch_is_witnessed_only_by_a_mean_that_holds_no_pause_edge() -> None:
-    """Bins either side of a checkpoint read low: after a pause a mean witnesses a
-    stretch only once it holds bins enough past it (``SETTLE_EXTRA_BINS`` more than
-    it averages)."""
-    inflated = [(0.3, 0.05), (0.3, 0.05)]  # the 15 s and the minute's mean, both low
-    memory: dict[str, Any] = {"since_pause": 0}
-    seen = [_stretched(inflated, memory) for _ in range(SHORT_BINS + SETTLE_EXTRA_BINS + 1)]
-    assert seen == [False] * (SHORT_BINS + SETTLE_EXTRA_BINS) + [True]
-    assert _stretched([(0.0, 0.05), (0.3, 0.05)], {"since_pause": SHORT_BINS + 3}) is False
-    assert _stretched([(0.0, 0.05), (0.3, 0.05)], {}) is True  # no pause yet
