@@ -252,10 +252,6 @@ CORROBORATION_SECONDS = 300.0
 IDLE_REPEAT = 0.1
 IDLE_REPEATS = 2
 IDLE_REPEAT_BINS = 8
-# bins a host-bound finding stays open without its departure: on 10 s steps the
-# test's sum dipped under its threshold for up to a minute between the bins the idle
-# time showed in (a 6-node job, 10 s steps: resolved and paged again 60 s later)
-IDLE_RESOLVE_BINS = 16
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
 STATE_VERSION = 13  # the memory layout of the sequential test
@@ -896,11 +892,8 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                    f"{fmt(busy, 'ratio')} vs {fmt(peer_busy, 'ratio')}, {work_text}).")
     if slow or idle or extra >= 1:
         metrics = ("gpu_util", BUSY) if idle and not slow else (BUSY, basis or BUSY)
-        # idle time on a long step shows once a step: its finding outlasts the bins
-        # between, or it would resolve and page again (``IDLE_RESOLVE_BINS``)
         return Finding("straggler", node, gpu, "warning", metrics, _score(dev),
-                       summary, since, evidence, fire_after=1,
-                       resolve_after=IDLE_RESOLVE_BINS if idle and not slow else None)
+                       summary, since, evidence, fire_after=1)
     share = work_ratio - 1.0
     memory_share = float(r.memory_ratio[i]) - 1.0
     # NaN (no DRAM reading): False; inf (peers that moved no bytes): no share to tell
