@@ -16,12 +16,8 @@ healthy level: the upper quartile of its levels over the last ten minutes
 becomes the norm (for up to ``MAX_RUN_BINS``: a job that changed its batch size
 has a new normal); so is the mean of its last ``SHORT_BINS`` (15 s), each
 against its own noise (below). A pause (checkpoint, evaluation: the duty cycle below
-``PHASE_FLOOR`` of it for two bins in a row, or NVLink traffic below
-``TRAFFIC_FLOOR`` of its own, as no gradients flow, over a whole step) is skipped,
-not counted. A single bin below the floor is held until the next says which it
-was: on a step longer than a bin it is the collective and the wait caught whole,
-and where a node's host holds the job back it is the very bin that stretched (a
-10 s step at 5 s bins: one bin in three read 0.00-0.10 of the healthy 0.45). It holds a finding
+``PHASE_FLOOR`` of it, or NVLink traffic below ``TRAFFIC_FLOOR`` of its own, as
+no gradients flow, over a whole step) is skipped, not counted. It holds a finding
 already open, opens none, and ends a run that had not opened. An inflation must
 exceed ``MIN_INFLATION`` plus ``NOISE_Z`` times the noise of the mean it is read
 from (the job's own bin-to-bin spread over the root of the mean's bins): near
@@ -82,12 +78,6 @@ IDLE_MARGIN = 0.05  # a node's GPUs this much less utilised than the job's: idle
 # steps this much longer than healthy, plus the same noise margin, corroborate a
 # node's idle time (``stretched_since``); alone they make no finding
 STRETCH_FLOOR = 0.05
-# after a pause a mean witnesses a stretch only once this many bins more than it
-# holds have passed: none of the pause's edges is in it then (the bins either side
-# of a checkpoint read low, and a node whose GPUs enter and leave it a second late
-# idles there too: envelope seed 219)
-SETTLE_EXTRA_BINS = 2
-MIN_MEAN_PAIRS = 12  # adjacent means a mean's measured noise needs (``_mean_noise``)
 RUN_KEYS = ("since", "run", "baseline")  # an inflation's run, in the job's memory
 EXPLAINING = frozenset({"straggler", "link_health", "network_bound", "hang",
                         "load_imbalance", "node_silent"})
@@ -107,30 +97,18 @@ def find_slowdown(view: WindowView, others: list[Finding],
     level = float(nanmedian(per_node[:, 0], axis=0)) if not np.isnan(per_node).all() else None
     history_now: list[float] = memory.get("history", [])
     reference = memory.get("baseline") or (max(history_now) if history_now else None)
-    quiet = level is not None and _quiet_fabric(view, memory)
-    low = reference is not None and level is not None and level < PHASE_FLOOR * reference
-    if low and not quiet and "pending" not in memory:
-        # one bin below the floor: the collective and the wait of a step longer than
-        # a bin, caught whole, or a pause's first bin; the next bin says which
-        memory["pending"] = round(float(level or 0.0), 5)
-        if memory.get("open"):
-            return _open(view, memory, float(reference or 0.0), float(level or 0.0))
-        return []
-    pending = memory.pop("pending", None)
-    if level is None or quiet or low:
+    if level is None or _quiet_fabric(view, memory) or (
+            reference is not None and level < PHASE_FLOOR * reference):
         # a pause (checkpoint, evaluation: the gradients stop flowing, or the duty
-        # cycle falls below the floor for two bins) is neither evidence nor a new
-        # level; it holds a finding already open but opens none
+        # cycle falls below the floor) is neither evidence nor a new level; it holds
+        # a finding already open but opens none
         memory.pop("stretch_since", None)
-        memory["since_pause"] = 0
         if not memory.get("open"):
             for key in RUN_KEYS:  # a run that has not opened ends
                 memory.pop(key, None)
             return []
         return _open(view, memory, float(reference or 0.0), float(level or 0.0))
     bins: list[float] = memory.setdefault("bins", [])
-    if pending is not None:
-        bins.append(pending)
     bins.append(round(level, 5))
     del bins[:-HISTORY_BINS]
     recent = bins[-RECENT_BINS:]
@@ -145,8 +123,7 @@ def find_slowdown(view: WindowView, others: list[Finding],
         else:
             healthy = quantile(history, HEALTHY_QUANTILE)
     margins = _margins(bins, healthy) if healthy is not None else []
-    if _stretched(_margins(bins, healthy, measured=True) if healthy is not None else [],
-                  memory):
+    if _inflated(margins, STRETCH_FLOOR):
         memory.setdefault("stretch_since", view.bins[-1])
     else:
         memory.pop("stretch_since", None)
@@ -196,10 +173,8 @@ def _open(view: WindowView, memory: dict[str, Any], healthy: float, now: float
 
 def stretched_since(memory: dict[str, Any]) -> int | None:
     """The bin since which the job's steps have been stretched: its level below its
-    healthy level by ``STRETCH_FLOOR`` plus the noise margin of ``_margins``
-    (``measured``: on long steps the spread of adjacent means), as of the last
-    evaluated bin, outside a pause and its edges (``_stretched``; None: they are
-    not). Too small an
+    healthy level by ``STRETCH_FLOOR`` plus the noise margin of ``_margins``, as of
+    the last evaluated bin, outside a pause (None: they are not). Too small an
     inflation to be a finding by itself (a 25 % data loader on one node of a job
     whose steps spend a fifth in the collective stretches them by 10 %, inside the
     slowdown's own noise on many jobs); it corroborates a node's idle time in the
@@ -208,70 +183,27 @@ def stretched_since(memory: dict[str, Any]) -> int | None:
     return int(since) if since is not None else None
 
 
-def _margins(bins: list[float], healthy: float,
-             measured: bool = False) -> list[tuple[float, float]]:
+def _margins(bins: list[float], healthy: float) -> list[tuple[float, float]]:
     """The job's inflation against ``healthy`` as the mean of its last ``SHORT_BINS``
     and of its last ``RECENT_BINS``, each with ``NOISE_Z`` of that mean's own noise
     (``_spread``). The minute's mean is the one a long step needs (its bins beat with
     the step); where a job's bins are steady (steps short against a bin), the shorter
     mean clears its noise as well, and a data loader that stretched every step is
-    seen in seconds, not after a minute's mean has turned. ``measured`` (the stretch
-    witness): a mean's noise is the lower of that and the spread of adjacent means
-    (``_mean_noise``), which sees through the beat of a long step's bins."""
+    seen in seconds, not after a minute's mean has turned."""
     sigma, level = _spread(bins)
     out = []
     for count in (SHORT_BINS, RECENT_BINS):
         now = statistics.fmean(bins[-count:])
         noise = sigma / math.sqrt(count) / level if level > 0 else 0.0
-        between = _mean_noise(bins, count) if measured else None
-        if between is not None:
-            noise = min(noise, between)
         if now > 0:
             out.append((healthy / now - 1.0, NOISE_Z * noise))
     return out
-
-
-def _stretched(margins: list[tuple[float, float]], memory: dict[str, Any]) -> bool:
-    """Whether the job's steps are stretched (``stretched_since``): either mean of
-    ``_margins`` below the healthy level by ``STRETCH_FLOOR`` plus its noise margin,
-    counting only a mean that holds no bin of a pause's edges (``since_pause``: the
-    bins kept since the last pause; ``SETTLE_EXTRA_BINS``)."""
-    since = int(memory.get("since_pause", HISTORY_BINS))
-    if since < HISTORY_BINS:
-        memory["since_pause"] = since + 1
-    settled = [m for m, count in zip(margins, (SHORT_BINS, RECENT_BINS), strict=False)
-               if since >= count + SETTLE_EXTRA_BINS]
-    return _inflated(settled, STRETCH_FLOOR)
 
 
 def _inflated(margins: list[tuple[float, float]], floor: float) -> bool:
     """Whether either mean of ``_margins`` sits below the healthy level by more than
     ``floor`` plus its noise margin."""
     return any(inflation >= floor + noise for inflation, noise in margins)
-
-
-def _mean_noise(bins: list[float], count: int) -> float | None:
-    """The noise of a mean of ``count`` bins, relative to the job's level, measured
-    on the bins before the last minute (the current level is what is being judged,
-    not its noise): how much two adjacent such means differ (the Allan deviation),
-    the largest ``EDGE_SHARE`` of the differences left out (a pause's edges). For
-    bins independent of each other it is ``_spread``'s sigma over the root of the
-    count; where the bins beat with a step longer than a bin, a mean over whole
-    steps barely moves, and the single bins' spread overstates its noise several
-    times over (a 10 s step at 5 s bins: a margin of 0.21-0.29 against 0.09-0.12);
-    where the level wanders it is larger than the bins' spread says. None: fewer
-    than ``MIN_MEAN_PAIRS`` pairs of adjacent means yet. The stretch witness takes
-    the lower of the two estimates, so it is never slower than before where the
-    bins are independent (the job's ``slowdown`` finding keeps ``_spread``'s)."""
-    old = np.asarray(bins[:-RECENT_BINS])
-    if len(old) < 2 * count + MIN_MEAN_PAIRS:
-        return None
-    cumulative = np.concatenate(([0.0], np.cumsum(old)))
-    means = (cumulative[count:] - cumulative[:-count]) / count
-    squares = np.sort((means[count:] - means[:-count]) ** 2)
-    kept = squares[:max(1, int(len(squares) * (1 - EDGE_SHARE)))]
-    level = float(np.median(old))
-    return math.sqrt(float(np.mean(kept)) / 2.0) / level if level > 0 else 0.0
 
 
 def _spread(bins: list[float]) -> tuple[float, float]:

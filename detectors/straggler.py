@@ -149,11 +149,6 @@ too (envelope seed 232: a brake on one node, and an aliased node named host-boun
 beside it). Power alone left every host-bound node of the envelope's fresh seeds
 (219-224) unnamed: a GPU idling with no kernel draws about what one spinning a
 collective on one SM per channel does, so the deficit sat within a noise unit.
-The idle time counts in bins where the node keeps fewer SMs busy per unit of work
-than its peers (they spin in the collective; it never does), or where it repeats
-bin after bin (``_open_gate_where_idle_repeats``): on a step longer than a bin the
-two fall in different bins. Once witnessed, the same idle departure stays a
-finding while it lasts (a minute's mean of long steps comes and goes).
 Only nodes: one GPU's ``gpu_util`` is coarse (NVML samples it over 1/6 s to 1 s;
 the foreign generator's 1 s readings of a healthy GPU jump between 0 and 100 %),
 and tested per GPU it raised a hundred and fifty false stragglers on the foreign
@@ -245,13 +240,6 @@ EVEN_LOAD_Z = 3.0  # a work deficit this many load-noise units: slower, not cold
 # a host-bound node's power deficit began to rise at most this long before its idle
 # time did (both start with the fault; an older one is the node's own drift)
 CORROBORATION_SECONDS = 300.0
-# idle time beyond this (log units: no kernel for a tenth of the bin more than the
-# job's median node) in this bin and in ``IDLE_REPEATS`` others of the last
-# ``IDLE_REPEAT_BINS`` (40 s: two steps of up to 15-20 s) repeats with the step, and
-# opens the idle statistic's gate
-IDLE_REPEAT = 0.1
-IDLE_REPEATS = 2
-IDLE_REPEAT_BINS = 8
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
 STATE_VERSION = 13  # the memory layout of the sequential test
@@ -352,7 +340,6 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     load_noise = learned.setdefault("noise_gpu", {}).get("sigma")
     gpu_level, node_level = _levels(view, latest, basis, phase_floor, clock_faults,
                                     compare_nodes, _even_load(load_noise))
-    _open_gate_where_idle_repeats(node_level, memory.setdefault("idle_bins", {}), last)
     nodes, gpus = advance(
         [Comparison(_peer_level(node_level, float("inf"), True), p.node_test, learned["node"],
                     learned.setdefault("noise_node", {})),
@@ -369,18 +356,11 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     job_gpus = len(view.gpus)
     flagged_nodes = set()
     slow_at = _slow_nodes(nodes.found) | _slow_nodes(gpus.found)
-    witnessed: dict[str, int] = memory.setdefault("witnessed", {})
-    for node in set(witnessed) - set(node_level.keys):
-        del witnessed[node]
     for node, found in sorted(nodes.found.items()):
         # the job's steps stretch for a slow part elsewhere too: no witness then
         stretch = None if slow_at - {node} else stretched_since
         devs = _corroborated(found, quiet.found.get(node, []),
-                             int(CORROBORATION_SECONDS / view.bin_seconds), stretch,
-                             witnessed.get(node))
-        idle = [d for d in devs if d.metric == "idle"]
-        if idle:  # a witness opens it; the same idle time's departure holds it
-            witnessed[node] = idle[0].first
+                             int(CORROBORATION_SECONDS / view.bin_seconds), stretch)
         if not devs:
             continue
         flagged_nodes.add(node)
@@ -400,8 +380,7 @@ def _slow_nodes(found: dict[str, list[Departure]]) -> set[str]:
 
 
 def _corroborated(devs: list[Departure], quiet: list[Departure],
-                  within_bins: int, stretched_since: int | None = None,
-                  witnessed: int | None = None) -> list[Departure]:
+                  within_bins: int, stretched_since: int | None = None) -> list[Departure]:
     """A node's departures that make a finding: idle time counts only beside a power
     deficit that passed its own test (``quiet``; see ``_readings``), or beside the
     job's steps stretching (``stretched_since``), either begun with it, no more than
@@ -409,46 +388,10 @@ def _corroborated(devs: list[Departure], quiet: list[Departure],
     three at once; a power deficit that has built up for an hour is the node's own
     drift (a pipeline stage whose share of the work creeps), and the fleet soak's
     one false alarm paired such a deficit, rising since t+780 s, with a minute of
-    last-period utilisation aliased on the job's gap at t+3,425 s. An idle departure
-    once witnessed (``witnessed``: the bin its sum began to rise) stays a finding
-    while it lasts: a witness measured over a minute of long steps comes and goes
-    with the bins its mean holds, and the finding with it would page again and
-    again (seven pages more on seeds 201-237 of the envelope, 10 s steps)."""
-    return [d for d in devs if d.metric != "idle" or d.first == witnessed
+    last-period utilisation aliased on the job's gap at t+3,425 s."""
+    return [d for d in devs if d.metric != "idle"
             or any(q.first >= d.first - within_bins for q in quiet)
             or (stretched_since is not None and stretched_since >= d.first - within_bins)]
-
-
-def _open_gate_where_idle_repeats(node_level: _Readings, recent: dict[str, list[int]],
-                                  last: int) -> None:
-    """Open the idle statistic's gate (``held_back`` in ``_readings``) also where the
-    node's idle time repeats: beyond ``IDLE_REPEAT`` in this bin and in at least
-    ``IDLE_REPEATS`` others of the last ``IDLE_REPEAT_BINS``. On a step longer than
-    a bin the two signs of a host-bound node fall in different bins: its GPUs idle
-    with no kernel at the start of the step while their peers compute (equal busy
-    time per unit of work there), and the peers spin in the collective at its end
-    while it catches up, a spin too small to see at a few channels (envelope seeds
-    201-237: every host-bound job of 4-10 s steps missed). A host that holds its
-    node back does so every step; a node whose GPUs enter and leave a checkpoint a
-    second after their peers idle in the bins at its edges, with their busy time per
-    unit of work above their peers' (envelope seed 219: idle bins 25 s apart, named
-    host-bound before the fault where the gate was left open). ``recent``: each
-    node's bins whose idle time passed the bar (the engine's memory); ``last``: this
-    bin."""
-    idle = STATS.index("idle")
-    readings = node_level.stats[idle]
-    for i, key in enumerate(node_level.keys):
-        bins = [b for b in recent.get(key, []) if b > last - IDLE_REPEAT_BINS]
-        if math.isfinite(readings[i]) and readings[i] > IDLE_REPEAT:
-            if len(bins) >= IDLE_REPEATS:
-                node_level.gate[idle, i] = True
-            bins.append(last)
-        if bins:
-            recent[key] = bins
-        else:
-            recent.pop(key, None)
-    for key in set(recent) - set(node_level.keys):
-        del recent[key]
 
 
 def memory_state(memory: dict[str, Any]) -> dict[str, Any]:
