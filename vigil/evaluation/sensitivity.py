@@ -110,7 +110,7 @@ def by_step(results: list[dict[str, Any]]) -> dict[str, dict[float, tuple[int, i
 
 
 def by_step_lines(row: Row, results: list[dict[str, Any]]) -> list[str]:
-    """``by_step`` as one line per faulty class: ``step 10 s 0/14``, shortest first."""
+    """``by_step`` as one line per faulty class (``10 s 0/14``), shortest step first."""
     return [f"  {row[0]}={row[1]} {name} by step: " + ", ".join(
                 f"{step:g} s {found}/{labels}" for step, (found, labels) in steps.items())
             for name, steps in by_step(results).items()]
