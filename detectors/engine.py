@@ -249,7 +249,8 @@ class JobEngine:
         if not hung and sync.gpus:  # a hung job's GPUs are idle together: none out of step
             found.extend(find_stragglers(view, self.stragglers, self.peer_memory, clock_faults,
                                          nodes_together,
-                                         slowdown.stretched_since(self.slowdown_memory)))
+                                         slowdown.stretched_since(self.slowdown_memory),
+                                         self.health.typical_interval()))
         found = group_by_node(found, clock_faults, view.gpus_per_node())
         if nodes_together:
             found.extend(slowdown.find_slowdown(view, found, self.slowdown_memory))

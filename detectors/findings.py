@@ -25,6 +25,9 @@ class Finding:
     since: float  # event time the condition began
     evidence: dict[str, Any] = field(default_factory=dict)
     fire_after: int | None = None  # evaluations before firing; None = the tracker's default
+    # evaluations without it before a firing one resolves; None = the tracker's default
+    # (a finding whose evidence comes once a step longer than a bin holds it longer)
+    resolve_after: int | None = None
 
     @property
     def key(self) -> str:

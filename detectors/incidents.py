@@ -72,6 +72,8 @@ class IncidentTracker:
                 out.append(det)
             if cond["firing"]:
                 _track_cost(cond, finding)
+            if finding.resolve_after is not None:
+                cond["resolve_after"] = finding.resolve_after
         for key in [k for k in self.conditions if k not in seen]:
             if key.split("|", 1)[0] not in kinds:
                 continue
@@ -81,7 +83,7 @@ class IncidentTracker:
                 continue
             cond["off"] += 1
             cond["on"] = 0
-            if cond["off"] >= self.resolve_after:
+            if cond["off"] >= cond.get("resolve_after", self.resolve_after):
                 fired: Detection = cond["detection"]
                 resolved: Detection = {**fired, "state": "resolved", "detected_at": now,
                                        "summary": "Resolved: " + fired["summary"]}

@@ -78,6 +78,13 @@ IDLE_MARGIN = 0.05  # a node's GPUs this much less utilised than the job's: idle
 # steps this much longer than healthy, plus the same noise margin, corroborate a
 # node's idle time (``stretched_since``); alone they make no finding
 STRETCH_FLOOR = 0.05
+# after a pause a mean witnesses a stretch only once this many bins more than it
+# holds have passed: none of the pause's edges is in it then (the bins either side
+# of a checkpoint read low, and a node whose GPUs enter and leave it a second late
+# idles there too: envelope seed 219)
+SETTLE_EXTRA_BINS = 2
+WITNESS_Z = 2.0
+MIN_PAST_MEANS = 12  # means of the past a stretch witness needs (``_past_means``)
 RUN_KEYS = ("since", "run", "baseline")  # an inflation's run, in the job's memory
 EXPLAINING = frozenset({"straggler", "link_health", "network_bound", "hang",
                         "load_imbalance", "node_silent"})
@@ -97,12 +104,13 @@ def find_slowdown(view: WindowView, others: list[Finding],
     level = float(nanmedian(per_node[:, 0], axis=0)) if not np.isnan(per_node).all() else None
     history_now: list[float] = memory.get("history", [])
     reference = memory.get("baseline") or (max(history_now) if history_now else None)
-    if level is None or _quiet_fabric(view, memory) or (
-            reference is not None and level < PHASE_FLOOR * reference):
+    quiet = level is None or _quiet_fabric(view, memory)
+    low = reference is not None and level is not None and level < PHASE_FLOOR * reference
+    _witness(view.bins[-1], memory, None if quiet else level, low)
+    if level is None or quiet or low:
         # a pause (checkpoint, evaluation: the gradients stop flowing, or the duty
         # cycle falls below the floor) is neither evidence nor a new level; it holds
         # a finding already open but opens none
-        memory.pop("stretch_since", None)
         if not memory.get("open"):
             for key in RUN_KEYS:  # a run that has not opened ends
                 memory.pop(key, None)
@@ -123,10 +131,6 @@ def find_slowdown(view: WindowView, others: list[Finding],
         else:
             healthy = quantile(history, HEALTHY_QUANTILE)
     margins = _margins(bins, healthy) if healthy is not None else []
-    if _inflated(margins, STRETCH_FLOOR):
-        memory.setdefault("stretch_since", view.bins[-1])
-    else:
-        memory.pop("stretch_since", None)
     explained = any(f.kind in EXPLAINING or (f.kind == "gpu_health" and f.metrics ==
                                               ("throttle",)) for f in others)
     inflation = healthy / now - 1.0 if healthy is not None and now > 0 else 0.0
@@ -172,8 +176,7 @@ def _open(view: WindowView, memory: dict[str, Any], healthy: float, now: float
 
 
 def stretched_since(memory: dict[str, Any]) -> int | None:
-    """The bin since which the job's steps have been stretched: its level below its
-    healthy level by ``STRETCH_FLOOR`` plus the noise margin of ``_margins``, as of
+    """The bin since which the job's steps have been stretched (``_witness``), as of
     the last evaluated bin, outside a pause (None: they are not). Too small an
     inflation to be a finding by itself (a 25 % data loader on one node of a job
     whose steps spend a fifth in the collective stretches them by 10 %, inside the
@@ -181,6 +184,92 @@ def stretched_since(memory: dict[str, Any]) -> int | None:
     straggler test (``find_stragglers``)."""
     since = memory.get("stretch_since")
     return int(since) if since is not None else None
+
+
+def _witness(at: int, memory: dict[str, Any], level: float | None, low: bool) -> None:
+    """Whether the job's steps are stretched as of bin ``at`` (``stretch_since``), on
+    a level series of its own (``memory["witness"]``): the slowdown's series skips
+    every bin below the phase floor as a pause, and on a step longer than a bin
+    that skips the very bins a stretch shows in. A 10 s step read in 5 s bins puts
+    the collective and the wait in one bin of two or three; where a node's host
+    holds the job back that bin read 0.00-0.10 of the healthy 0.45 (envelope seed
+    213), and the mean of the bins kept stayed level while the job lost 15-17 %.
+    So here a single low bin is held until the next says what it was: another low
+    one, a pause (both are skipped, and a mean that still holds a bin of the pause's
+    edges witnesses nothing: the bins either side of a checkpoint read low); a
+    higher one, a step (both are kept). ``level``: this bin's (None: a pause, the
+    fabric quiet or no reading); ``low``: below the slowdown's phase floor, whose
+    reference stays the slowdown's own (kept out of its series, a long step's
+    collective bins do not lower it: where they did, an evaluation's 0.13 a bin
+    against the healthy 0.45 read as steps 142 % longer on a 10 s-step MoE job of
+    the fleet soak).
+
+    Stretched: the mean of the last ``SHORT_BINS`` or of the last ``RECENT_BINS``
+    below the job's healthy level for a mean that long by ``STRETCH_FLOOR`` plus
+    ``WITNESS_Z`` times the spread of such means (``_past_means``), both frozen from
+    the first stretched bin until the job has not been stretched for a minute (the
+    stretched bins, come into the past, had doubled the spread within two minutes
+    and ended the witness before the node's idle time had passed its test: envelope
+    seed 205). Means of whole
+    long steps barely move where single bins beat with the step (their first
+    differences overstate a minute's noise threefold: ``_spread``), and an MoE job
+    whose level wanders with its routing has means that wander as far (a shorter
+    estimate, adjacent means only, saw a 32-node MoE job's healthy 9-13 % dips as
+    stretches)."""
+    w: dict[str, Any] = memory.setdefault("witness", {})
+    if level is None or (low and "pending" in w):
+        w.pop("pending", None)
+        w["since_pause"] = 0
+        memory.pop("stretch_since", None)
+        return
+    if low:  # one low bin: a step's collective or a pause's first; the next says
+        w["pending"] = round(level, 5)
+        return
+    bins: list[float] = w.setdefault("bins", [])
+    pending = w.pop("pending", None)
+    if pending is not None:
+        bins.append(pending)
+    bins.append(round(level, 5))
+    del bins[:-HISTORY_BINS]
+    since = int(w.get("since_pause", HISTORY_BINS))
+    w["since_pause"] = min(since + 1 + (pending is not None), HISTORY_BINS)
+    frozen: dict[str, list[float]] | None = w.get("frozen")
+    stretched = False
+    for count in (SHORT_BINS, RECENT_BINS):
+        past = frozen.get(str(count)) if frozen is not None else _past_means(bins, count)
+        if past is None or since < count + SETTLE_EXTRA_BINS:
+            continue
+        healthy, spread = past
+        now = statistics.fmean(bins[-count:])
+        if now > 0 and healthy / now - 1.0 >= STRETCH_FLOOR + WITNESS_Z * spread / healthy:
+            stretched = True
+    if stretched:
+        memory.setdefault("stretch_since", at)
+        w["calm"] = 0
+        if frozen is None:  # the past as it was before the stretch, while it lasts
+            w["frozen"] = {str(c): list(p) for c in (SHORT_BINS, RECENT_BINS)
+                           if (p := _past_means(bins, c)) is not None}
+    else:
+        memory.pop("stretch_since", None)
+        w["calm"] = calm = int(w.get("calm", 0)) + 1
+        if calm >= RECENT_BINS:  # back at its healthy level for a minute
+            w.pop("frozen", None)
+
+
+def _past_means(bins: list[float], count: int) -> tuple[float, float] | None:
+    """The healthy level of a mean of ``count`` bins and the spread of such means,
+    from the bins before the last ``RECENT_BINS`` (the current level is what is being
+    judged): the upper quartile of every ``count`` bins' mean there, as the
+    slowdown's healthy level is, and their interquartile range over 1.349 (a
+    standard deviation, robust to the few means that hold a pause's edge). None:
+    fewer than ``MIN_PAST_MEANS`` such means yet."""
+    old = np.asarray(bins[:-RECENT_BINS])
+    if len(old) < count + MIN_PAST_MEANS - 1:
+        return None
+    cumulative = np.concatenate(([0.0], np.cumsum(old)))
+    means = (cumulative[count:] - cumulative[:-count]) / count
+    low, high = np.quantile(means, (0.25, HEALTHY_QUANTILE))
+    return float(high), float(high - low) / 1.349
 
 
 def _margins(bins: list[float], healthy: float) -> list[tuple[float, float]]:

@@ -149,6 +149,15 @@ too (envelope seed 232: a brake on one node, and an aliased node named host-boun
 beside it). Power alone left every host-bound node of the envelope's fresh seeds
 (219-224) unnamed: a GPU idling with no kernel draws about what one spinning a
 collective on one SM per channel does, so the deficit sat within a noise unit.
+The idle time counts in bins where the node keeps fewer SMs busy per unit of work
+than its peers (they spin in the collective; it never does), or, on a step longer
+than a bin, where the two fall in different bins, while its idle share over whole
+steps exceeds its peers' by more than a read instant in step with the job's can
+make (``_open_gate_beyond_aliasing``). On such a job the bin after the step's
+collective, where that idle time shows, is compared (``_comparable``). Once
+witnessed, the same idle departure stays a finding while it lasts (a minute's mean
+of long steps comes and goes), and a stretch that may be one node's witnesses no
+other (``_unclaimed``).
 Only nodes: one GPU's ``gpu_util`` is coarse (NVML samples it over 1/6 s to 1 s;
 the foreign generator's 1 s readings of a healthy GPU jump between 0 and 100 %),
 and tested per GPU it raised a hundred and fifty false stragglers on the foreign
@@ -240,6 +249,21 @@ EVEN_LOAD_Z = 3.0  # a work deficit this many load-noise units: slower, not cold
 # a host-bound node's power deficit began to rise at most this long before its idle
 # time did (both start with the fault; an older one is the node's own drift)
 CORROBORATION_SECONDS = 300.0
+# the idle gate beyond aliasing (``_open_gate_beyond_aliasing``): the job's step
+# period is read from its nodes' busy series over PERIOD_BINS (a minute, the window) ...
+PERIOD_BINS = 12
+MAX_PERIOD_BINS = 6  # ... up to half of it (a 30 s step) ...
+PERIOD_CORRELATION = 0.5  # ... where they repeat this closely ...
+PERIOD_NODES = 64  # ... on this many nodes at most ...
+PERIOD_EVERY = 12  # ... again every minute
+MIN_PERIOD_READINGS = 4  # readings a period needs for its aliasing bound to tell
+IDLE_EXCESS_BINS = 12  # the idle excess: a mean over whole periods of at least a minute
+MIN_READ_SHARE = 0.75  # ... over which a node has this share of its bins read
+ALIAS_MARGIN = 0.05  # ... beyond the aliasing bound by this share of the time
+# bins a host-bound finding stays open without its departure: on 10 s steps the
+# test's sum dipped under its threshold for up to a minute between the bins the idle
+# time showed in (a 6-node job, 10 s steps: resolved and paged again 60 s later)
+IDLE_RESOLVE_BINS = 16
 CLOCK_SIGNATURE = 0.03  # a clock this share below its peers' is a hardware signature
 LOAD_COST_BINS = 3  # a load imbalance's cost: the median excess of up to these bins
 STATE_VERSION = 13  # the memory layout of the sequential test
@@ -301,7 +325,8 @@ def find_stragglers(view: WindowView, p: StragglerParams,
                     memory: dict[str, Any],
                     clock_faults: Collection[str] = frozenset(),
                     compare_nodes: bool = True,
-                    stretched_since: int | None = None) -> list[Finding]:
+                    stretched_since: int | None = None,
+                    tick_seconds: float | None = None) -> list[Finding]:
     """Straggler and load-imbalance findings, GPU and node level, for the view's
     latest bin.
 
@@ -314,7 +339,9 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     ``stretched_since``: the bin since which the job's steps have been stretched
     (``slowdown.stretched_since``; None: they are not), which corroborates a
     node's idle time as a power deficit does, unless another node or GPU of the
-    job is found slower than its peers in this bin.
+    job is found slower than its peers in this bin. ``tick_seconds``: the job's
+    agents' typical interval (``detectors/health.py``; None: not known yet), which
+    bounds how far a read instant in step with the job can alias its idle time.
 
     ``memory`` holds each stream's sums and offsets, the noise estimates, the job's
     recent level and its work basis; it is updated in place and is part of the
@@ -329,7 +356,8 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     latest = view.latest_per_node(GPU_READS)  # metrics × nodes × slots
     if np.isnan(latest[_B]).all():  # dcgm-exporter's default fields: no SM activity
         latest[_B] = latest[_TENSOR]
-    comparable = _comparable(latest[_B], last, view.bin_seconds, memory)
+    comparable = _comparable(latest[_B], last, view.bin_seconds, memory,
+                             _step_period(view, memory))
     basis = _work_basis(latest, memory)
     # a node whose window caught another part of the step (its median GPU below the
     # phase floor: the collective's spinning kernel, no tensor work) compares nothing
@@ -340,6 +368,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     load_noise = learned.setdefault("noise_gpu", {}).get("sigma")
     gpu_level, node_level = _levels(view, latest, basis, phase_floor, clock_faults,
                                     compare_nodes, _even_load(load_noise))
+    _open_gate_beyond_aliasing(view, node_level, memory, tick_seconds)
     nodes, gpus = advance(
         [Comparison(_peer_level(node_level, float("inf"), True), p.node_test, learned["node"],
                     learned.setdefault("noise_node", {})),
@@ -356,11 +385,20 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     job_gpus = len(view.gpus)
     flagged_nodes = set()
     slow_at = _slow_nodes(nodes.found) | _slow_nodes(gpus.found)
+    # node -> the bin its witnessed idle departure began
+    witnessed: dict[str, int] = memory.setdefault("witnessed", {})
+    for node in set(witnessed) - set(node_level.keys):
+        del witnessed[node]
+    within = int(CORROBORATION_SECONDS / view.bin_seconds)
     for node, found in sorted(nodes.found.items()):
         # the job's steps stretch for a slow part elsewhere too: no witness then
-        stretch = None if slow_at - {node} else stretched_since
-        devs = _corroborated(found, quiet.found.get(node, []),
-                             int(CORROBORATION_SECONDS / view.bin_seconds), stretch)
+        stretch = None if slow_at - {node} else _unclaimed(stretched_since, node,
+                                                          witnessed, within)
+        devs = _corroborated(found, quiet.found.get(node, []), within, stretch,
+                             witnessed.get(node))
+        idle = [d for d in devs if d.metric == "idle"]
+        if idle:  # a witness opens it; the same idle time's departure holds it
+            witnessed[node] = idle[0].first
         if not devs:
             continue
         flagged_nodes.add(node)
@@ -379,8 +417,24 @@ def _slow_nodes(found: dict[str, list[Departure]]) -> set[str]:
             if any(d.metric in SLOW_STATS for d in devs)}
 
 
+def _unclaimed(stretched_since: int | None, node: str, witnessed: dict[str, int],
+               within_bins: int) -> int | None:
+    """``stretched_since`` unless the stretch may be another node's idle time: it
+    began no more than ``within_bins`` after the first bin of another node's
+    witnessed idle departure (``witnessed``: node -> that bin). One stretch
+    witnesses one node: the host-bound node's own stretch, outlasting its finding
+    where its read instant fell out of its idle time, made a neighbour's aliased
+    idle time a second host-bound node (envelope seed 220, 1.4 s steps read every
+    5 s)."""
+    if stretched_since is None or any(other != node and first >= stretched_since - within_bins
+                                      for other, first in witnessed.items()):
+        return None
+    return stretched_since
+
+
 def _corroborated(devs: list[Departure], quiet: list[Departure],
-                  within_bins: int, stretched_since: int | None = None) -> list[Departure]:
+                  within_bins: int, stretched_since: int | None = None,
+                  witnessed: int | None = None) -> list[Departure]:
     """A node's departures that make a finding: idle time counts only beside a power
     deficit that passed its own test (``quiet``; see ``_readings``), or beside the
     job's steps stretching (``stretched_since``), either begun with it, no more than
@@ -388,10 +442,99 @@ def _corroborated(devs: list[Departure], quiet: list[Departure],
     three at once; a power deficit that has built up for an hour is the node's own
     drift (a pipeline stage whose share of the work creeps), and the fleet soak's
     one false alarm paired such a deficit, rising since t+780 s, with a minute of
-    last-period utilisation aliased on the job's gap at t+3,425 s."""
-    return [d for d in devs if d.metric != "idle"
+    last-period utilisation aliased on the job's gap at t+3,425 s. An idle departure
+    once witnessed (``witnessed``: the bin its sum began to rise) stays a finding
+    while it lasts: a witness measured over a minute of long steps comes and goes
+    with the bins its mean holds, and the finding with it would page again and
+    again (seven pages more on seeds 201-237 of the envelope, 10 s steps). A
+    stretch that may be another node's witnesses nothing here (``_unclaimed``)."""
+    return [d for d in devs if d.metric != "idle" or d.first == witnessed
             or any(q.first >= d.first - within_bins for q in quiet)
             or (stretched_since is not None and stretched_since >= d.first - within_bins)]
+
+
+def _open_gate_beyond_aliasing(view: WindowView, node_level: _Readings,
+                               memory: dict[str, Any], tick: float | None) -> None:
+    """Open the idle statistic's gate (``held_back`` in ``_readings``) also for a node
+    whose GPUs, over the last whole step periods, ran no kernel for a larger share
+    of the time than its peers by more than aliasing can make.
+
+    On a step longer than a bin the two signs of a host-bound node fall in different
+    bins: its GPUs idle with no kernel at the start of the step while their peers
+    compute (the same busy time per unit of work there), and the peers spin in the
+    collective at its end, a spin too small to see at a few channels (envelope seeds
+    201-237: every host-bound node of 4-10 s steps missed). But a reading of the
+    last sixth of a second, taken at the same phase of every step where the tick
+    keeps step with the job, catches the job's own gap every time or never: a node
+    read every 5 s whose read instant drifted into a 15 s step's gap idled "42 %"
+    in one bin of three, bin after bin (a 32-node MoE job of the fleet soak, named
+    host-bound where the gate opened on idle time that merely repeated).
+
+    How far aliasing can go is known: a node read ``k`` times per period of the
+    tick against the step (the bins' own period, ``_step_period``) catches a gap
+    at most once more per period than its peers, so its idle share over whole
+    periods exceeds theirs by at most ``1/k``. The gate opens where the excess,
+    the node's mean ``gpu_util`` below the job's median node's over whole periods
+    (at least ``IDLE_EXCESS_BINS``), passes ``1/k`` by ``ALIAS_MARGIN``: a 25 %
+    data loader on 10 s steps read every second (k = 10) passes; an aliased read
+    at a 5 s tick on 15 s steps (k = 3) cannot. Without a period (steps a bin or
+    shorter, which every bin averages over, or no tick known yet) or with fewer than
+    ``MIN_PERIOD_READINGS`` readings a period it stays as ``held_back`` left it."""
+    period = _step_period(view, memory)
+    if period is None or not tick or tick <= 0:
+        return
+    readings = period * view.bin_seconds / tick
+    if readings < MIN_PERIOD_READINGS:
+        return
+    span = period * math.ceil(IDLE_EXCESS_BINS / period)
+    if len(view.bins) < span:
+        return
+    util = nanmedian(view.per_node("gpu_util", last=span), axis=1)  # nodes × bins
+    if np.isnan(util).all():
+        return
+    peer = nanmedian(util, axis=0)
+    gap = peer[None, :] - util
+    enough = np.isfinite(gap).sum(axis=1) >= span * MIN_READ_SHARE
+    with np.errstate(invalid="ignore"):
+        excess = np.where(enough, np.nanmean(np.where(np.isfinite(gap), gap, np.nan), axis=1),
+                          np.nan)
+        beyond = excess > 1.0 / readings + ALIAS_MARGIN
+    node_level.gate[STATS.index("idle")] |= beyond
+
+
+def _step_period(view: WindowView, memory: dict[str, Any]) -> int | None:
+    """The job's step period in bins, where its nodes' busy time repeats with one of
+    2 to ``MAX_PERIOD_BINS`` bins (a step of 10 s to a minute at 5 s bins, or a
+    shorter one whose beat with the bins repeats that soon): the smallest lag at
+    which the nodes' own busy series (each node on its own clock, so a node read
+    a bin late still counts) correlate by ``PERIOD_CORRELATION`` on average, and by
+    ``PERIOD_CORRELATION`` more than at one bin (a level that wanders correlates at
+    every lag). Read over ``PERIOD_BINS`` on up to ``PERIOD_NODES`` nodes, again
+    every ``PERIOD_EVERY`` bins (``memory["period"]``: the lag, 0 for none, and the
+    bin it was read at). None: no such period."""
+    last = view.bins[-1]
+    kept = memory.get("period")
+    if kept is not None and last - int(kept[1]) < PERIOD_EVERY and kept[1] <= last:
+        return int(kept[0]) or None
+    lag = 0
+    metric = view.activity_metric()
+    if metric is not None and len(view.bins) >= PERIOD_BINS:
+        busy = nanmedian(view.per_node(metric, last=PERIOD_BINS), axis=1)
+        rows = busy[np.isfinite(busy).all(axis=1)]
+        rows = rows[np.linspace(0, len(rows) - 1, min(len(rows), PERIOD_NODES)).astype(int)
+                    ] if len(rows) else rows
+        centred = rows - rows.mean(axis=1, keepdims=True)
+        power = (centred ** 2).sum(axis=1)
+        centred = centred[power > 0]
+        if len(centred):
+            power = (centred ** 2).mean(axis=1)
+            corr = [float(np.mean((centred[:, :-k] * centred[:, k:]).mean(axis=1) / power))
+                    for k in range(1, MAX_PERIOD_BINS + 1)]
+            lag = next((k for k in range(2, MAX_PERIOD_BINS + 1)
+                        if corr[k - 1] >= PERIOD_CORRELATION
+                        and corr[k - 1] >= corr[0] + PERIOD_CORRELATION), 0)
+    memory["period"] = [lag, last]
+    return lag or None
 
 
 def memory_state(memory: dict[str, Any]) -> dict[str, Any]:
@@ -403,7 +546,8 @@ def memory_state(memory: dict[str, Any]) -> dict[str, Any]:
                                   for k, v in learned.items()}}
 
 
-def _comparable(sm: Array, last: int, bin_seconds: float, memory: dict[str, Any]) -> bool:
+def _comparable(sm: Array, last: int, bin_seconds: float, memory: dict[str, Any],
+                period: int | None = None) -> bool:
     """Whether the job is in its main phase, where its GPUs are compared: its median
     GPU's SM activity at least ``TYPICAL_FLOOR`` of the job's level, and its busiest
     GPU not idle and at least ``PEAK_FLOOR`` of its usual (``peak``, a slow average
@@ -445,9 +589,17 @@ def _comparable(sm: Array, last: int, bin_seconds: float, memory: dict[str, Any]
     in_phase = (not rise and busiest >= IDLE and typical >= level * TYPICAL_FLOOR
                 and busiest >= peak * PEAK_FLOOR)
     # the first bin of a phase is not compared: node clocks a few seconds apart put
-    # part of the phase before it into that bin on some nodes
-    steady = in_phase and bool(memory.get("in_phase"))
+    # part of the phase before it into that bin on some nodes. Where the job's steps
+    # beat with the bins (``period``), a phase of fewer bins than a step that ended
+    # it was the step's own collective, not a pause: the bin after it is the start
+    # of the next step, where a host-bound node's GPUs idle (a 15 s step read in 5 s
+    # bins: the only bin of three its idle time showed in was never compared,
+    # envelope seeds 203 and 213)
+    out = int(memory.get("out_of_phase", 0))
+    steady = in_phase and (bool(memory.get("in_phase"))
+                           or (period is not None and 0 < out < period))
     memory["in_phase"] = in_phase
+    memory["out_of_phase"] = 0 if in_phase else min(out + 1, 1000)
     if steady and "settled_at" not in memory:
         memory["compared"] = memory.get("compared", 0) + 1
         if memory["compared"] >= SETTLE_BINS:
@@ -835,8 +987,11 @@ def _finding(view: WindowView, r: _Readings, node: str, gpu: str | None,
                    f"{fmt(busy, 'ratio')} vs {fmt(peer_busy, 'ratio')}, {work_text}).")
     if slow or idle or extra >= 1:
         metrics = ("gpu_util", BUSY) if idle and not slow else (BUSY, basis or BUSY)
+        # idle time on a long step shows once a step: its finding outlasts the bins
+        # between, or it would resolve and page again (``IDLE_RESOLVE_BINS``)
         return Finding("straggler", node, gpu, "warning", metrics, _score(dev),
-                       summary, since, evidence, fire_after=1)
+                       summary, since, evidence, fire_after=1,
+                       resolve_after=IDLE_RESOLVE_BINS if idle and not slow else None)
     share = work_ratio - 1.0
     memory_share = float(r.memory_ratio[i]) - 1.0
     # NaN (no DRAM reading): False; inf (peers that moved no bytes): no share to tell

@@ -222,3 +222,22 @@ def test_a_sample_years_away_does_not_walk_every_empty_bin_between() -> None:
                      "gpus": {"0": {"power": 3.0}}, "host": {}, "nics": {}})
     engine = runner.engines["j"]
     assert engine.next_bin is not None and engine.next_bin * CFG.bin_seconds > START - 3600
+
+
+def test_a_finding_may_stay_open_longer_without_its_evidence_than_the_default() -> None:
+    """A host-bound node's idle time on a long step shows once a step: its finding
+    says how many evaluations without it resolve it (``resolve_after``), and the
+    tracker keeps that through a checkpoint of its state."""
+    tracker = IncidentTracker("j", fire_after=1, resolve_after=2)
+    f = Finding("straggler", "n", None, "warning", ("gpu_util",), 5.0, "s", 10.0,
+                resolve_after=4)
+    [fired] = tracker.update(15, [f], {"straggler"})
+    restored = IncidentTracker("j", 1, 2, json.loads(json.dumps(tracker.to_state())))
+    assert [restored.update(t, [], {"straggler"}) for t in (20, 25, 30)] == [[], [], []]
+    [resolved] = restored.update(35, [], {"straggler"})
+    assert resolved["state"] == "resolved" and resolved["id"] == fired["id"]
+    default = IncidentTracker("j", fire_after=1, resolve_after=2)
+    plain = Finding("straggler", "n", None, "warning", ("gpu_util",), 5.0, "s", 10.0)
+    default.update(15, [plain], {"straggler"})
+    assert default.update(20, [], {"straggler"}) == []
+    assert [d["state"] for d in default.update(25, [], {"straggler"})] == ["resolved"]

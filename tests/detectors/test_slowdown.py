@@ -6,6 +6,8 @@ as a host-bound straggler node."""
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 from typing import Any
 
@@ -13,6 +15,13 @@ import pytest
 
 from vigil_gpu_monitor.contracts.config import DetectConfig
 from vigil_gpu_monitor.detectors.engine import ReplayRunner
+from vigil_gpu_monitor.detectors.slowdown import (
+    HISTORY_BINS,
+    RECENT_BINS,
+    SHORT_BINS,
+    _witness,
+    stretched_since,
+)
 from vigil_gpu_monitor.simulator.cluster import Cluster, Event, Fault, JobSpec, Simulator
 from vigil_gpu_monitor.vigil.evaluation.fleet import fleet_job
 
@@ -104,3 +113,47 @@ def test_the_bins_an_evaluation_began_in_do_not_read_as_a_slowdown_after_it() ->
     fired = [d for s in Simulator(job.cluster, start, seed=100_003).samples(3720)
              for d in runner.feed(s) if d["state"] == "firing" and d["kind"] == "slowdown"]
     assert fired == []
+
+
+def _witnessed(levels: list[tuple[float, bool]]) -> tuple[list[int | None], dict[str, Any]]:
+    """``stretched_since`` after each of ``levels`` ((level, below the phase floor))
+    fed to the stretch witness from bin 0."""
+    memory: dict[str, Any] = {}
+    seen = []
+    for at, (level, low) in enumerate(levels):
+        _witness(at, memory, level, low)
+        seen.append(stretched_since(memory))
+    return seen, memory
+
+
+def test_a_lone_low_bin_is_a_long_steps_collective_and_two_are_a_pause() -> None:
+    """A 10 s step read in 5 s bins puts the collective and the wait in one bin,
+    below the phase floor: the witness keeps it once the next bin is a step's; two
+    low bins in a row are a pause, kept out."""
+    _, memory = _witnessed([(0.45, False)] * 20 + [(0.05, True), (0.45, False)])
+    assert memory["witness"]["bins"][-2:] == [0.05, 0.45]
+    assert len(memory["witness"]["bins"]) == 22
+    _, memory = _witnessed([(0.45, False)] * 20 + [(0.05, True), (0.05, True), (0.45, False)])
+    assert len(memory["witness"]["bins"]) == 21 and memory["witness"]["since_pause"] == 1
+
+
+def test_a_stretch_beyond_the_spread_of_its_past_means_is_witnessed_while_it_lasts() -> None:
+    """A job steady within 1 % that loses 16 % is stretched within the 15 s mean's
+    bins and stays so while its stretched bins fill the past (the past is frozen
+    from the first stretched bin); an MoE-like level that wanders 10 % either way
+    with a period of 200 s, with no fault, never is once the past holds a whole
+    period of it. Before that it can be (bin 25 here, with 70 s of past): the
+    witness starts after ``MIN_PAST_MEANS`` means, as a fault in a job's first
+    minutes has to be seen (waiting for twice as many cost 2 of 22 host-bound
+    nodes of envelope seeds 201-237 at a 1 s tick), and it corroborates, it finds
+    nothing by itself."""
+    rng = random.Random(3)
+    steady = [(0.45 + rng.gauss(0.0, 0.003), False) for _ in range(60)]
+    seen, _ = _witnessed(steady + [(0.38 + rng.gauss(0.0, 0.003), False) for _ in range(60)])
+    first = next(at for at, since in enumerate(seen) if since is not None)
+    assert 60 <= first < 60 + SHORT_BINS
+    assert set(seen[first:]) == {first}
+    wander = [(0.45 * (1 + 0.1 * math.sin(2 * math.pi * b / 40)) + rng.gauss(0.0, 0.003), False)
+              for b in range(HISTORY_BINS * 2)]
+    seen, _ = _witnessed(wander)
+    assert set(seen[40 + RECENT_BINS + SHORT_BINS:]) == {None}
