@@ -83,6 +83,8 @@ STRETCH_FLOOR = 0.05
 # of a checkpoint read low, and a node whose GPUs enter and leave it a second late
 # idles there too: envelope seed 219)
 SETTLE_EXTRA_BINS = 2
+# the stretch witness's bar: STRETCH_FLOOR plus this many spreads of its past means
+# (it corroborates a node's idle time; alone it finds nothing)
 WITNESS_Z = 2.0
 MIN_PAST_MEANS = 12  # means of the past a stretch witness needs (``_past_means``)
 RUN_KEYS = ("since", "run", "baseline")  # an inflation's run, in the job's memory
