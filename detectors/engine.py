@@ -250,7 +250,7 @@ class JobEngine:
             found.extend(find_stragglers(view, self.stragglers, self.peer_memory, clock_faults,
                                          nodes_together,
                                          slowdown.stretched_since(self.slowdown_memory),
-                                         self.health.typical_interval()))
+                                         self.health.typical_interval))
         found = group_by_node(found, clock_faults, view.gpus_per_node())
         if nodes_together:
             found.extend(slowdown.find_slowdown(view, found, self.slowdown_memory))

@@ -174,7 +174,7 @@ down or a clock-event flag is up it cannot be told from more work: it carries
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -326,7 +326,7 @@ def find_stragglers(view: WindowView, p: StragglerParams,
                     clock_faults: Collection[str] = frozenset(),
                     compare_nodes: bool = True,
                     stretched_since: int | None = None,
-                    tick_seconds: float | None = None) -> list[Finding]:
+                    tick_seconds: Callable[[], float | None] | None = None) -> list[Finding]:
     """Straggler and load-imbalance findings, GPU and node level, for the view's
     latest bin.
 
@@ -339,9 +339,11 @@ def find_stragglers(view: WindowView, p: StragglerParams,
     ``stretched_since``: the bin since which the job's steps have been stretched
     (``slowdown.stretched_since``; None: they are not), which corroborates a
     node's idle time as a power deficit does, unless another node or GPU of the
-    job is found slower than its peers in this bin. ``tick_seconds``: the job's
-    agents' typical interval (``detectors/health.py``; None: not known yet), which
-    bounds how far a read instant in step with the job can alias its idle time.
+    job is found slower than its peers in this bin. ``tick_seconds``: what gives
+    the job's agents' typical interval (``HealthMonitor.typical_interval``; None:
+    not known yet), which bounds how far a read instant in step with the job can
+    alias its idle time; asked only on a job whose steps beat with the bins (it
+    sorts every node's interval: 3 ms a bin at 16,384 nodes).
 
     ``memory`` holds each stream's sums and offsets, the noise estimates, the job's
     recent level and its work basis; it is updated in place and is part of the
@@ -454,7 +456,8 @@ def _corroborated(devs: list[Departure], quiet: list[Departure],
 
 
 def _open_gate_beyond_aliasing(view: WindowView, node_level: _Readings,
-                               memory: dict[str, Any], tick: float | None) -> None:
+                               memory: dict[str, Any],
+                               tick_seconds: Callable[[], float | None] | None) -> None:
     """Open the idle statistic's gate (``held_back`` in ``_readings``) also for a node
     whose GPUs, over the last whole step periods, ran no kernel for a larger share
     of the time than its peers by more than aliasing can make.
@@ -482,6 +485,7 @@ def _open_gate_beyond_aliasing(view: WindowView, node_level: _Readings,
     shorter, which every bin averages over, or no tick known yet) or with fewer than
     ``MIN_PERIOD_READINGS`` readings a period it stays as ``held_back`` left it."""
     period = _step_period(view, memory)
+    tick = tick_seconds() if period is not None and tick_seconds is not None else None
     if period is None or not tick or tick <= 0:
         return
     readings = period * view.bin_seconds / tick
@@ -495,11 +499,10 @@ def _open_gate_beyond_aliasing(view: WindowView, node_level: _Readings,
         return
     peer = nanmedian(util, axis=0)
     gap = peer[None, :] - util
-    enough = np.isfinite(gap).sum(axis=1) >= span * MIN_READ_SHARE
-    with np.errstate(invalid="ignore"):
-        excess = np.where(enough, np.nanmean(np.where(np.isfinite(gap), gap, np.nan), axis=1),
-                          np.nan)
-        beyond = excess > 1.0 / readings + ALIAS_MARGIN
+    read = np.isfinite(gap).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        excess = np.nansum(gap, axis=1) / read
+    beyond = (read >= span * MIN_READ_SHARE) & (excess > 1.0 / readings + ALIAS_MARGIN)
     node_level.gate[STATS.index("idle")] |= beyond
 
 
@@ -525,10 +528,9 @@ def _step_period(view: WindowView, memory: dict[str, Any]) -> int | None:
         rows = rows[np.linspace(0, len(rows) - 1, min(len(rows), PERIOD_NODES)).astype(int)
                     ] if len(rows) else rows
         centred = rows - rows.mean(axis=1, keepdims=True)
-        power = (centred ** 2).sum(axis=1)
-        centred = centred[power > 0]
+        power = (centred ** 2).mean(axis=1)
+        centred, power = centred[power > 0], power[power > 0]
         if len(centred):
-            power = (centred ** 2).mean(axis=1)
             corr = [float(np.mean((centred[:, :-k] * centred[:, k:]).mean(axis=1) / power))
                     for k in range(1, MAX_PERIOD_BINS + 1)]
             lag = next((k for k in range(2, MAX_PERIOD_BINS + 1)

@@ -167,7 +167,8 @@ def test_idle_time_beyond_what_a_read_instant_in_step_can_alias_opens_its_gate()
 
     def gate(busy: np.ndarray, tick: float | None) -> list[bool]:
         level = SimpleNamespace(gate=np.zeros((len(STATS), 4), dtype=bool))
-        _open_gate_beyond_aliasing(_view(busy, util), level, {}, tick)  # type: ignore[arg-type]
+        _open_gate_beyond_aliasing(_view(busy, util), level, {},  # type: ignore[arg-type]
+                                   lambda: tick)
         return [bool(g) for g in level.gate[idle]]
 
     assert gate(_beat(3), 5.0) == [False] * 4
